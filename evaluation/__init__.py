@@ -1,0 +1,1 @@
+"""Evaluation: benchmark loading, pure metric functions, LLM-as-judge, reports."""

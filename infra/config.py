@@ -1,0 +1,145 @@
+"""Configuration: strict pydantic models, YAML presets and ``a.b=value`` overrides.
+
+A preset is one YAML file whose keys match a flow's config model. Overrides from the CLI are applied on top.
+Validation collects every error and reports them together, each with the file and the dotted key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from infra.errors import ConfigError
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "flows" / "configs"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base for every config model: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value`` into (["a","b","c"], value); the value is read as YAML (``3``, ``true``, ``[1,2]``).
+
+    Raises:
+        ConfigError: if the text has no ``=`` or an empty key.
+    """
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value (e.g. retrieval.top_k=5)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a deep copy of ``data`` with each ``a.b=value`` override set (creating nested dicts)."""
+    out: dict[str, Any] = orjson.loads(orjson.dumps(dict(data), default=str))
+    errors = []
+    for text in overrides:
+        try:
+            path, value = parse_override(text)
+        except ConfigError as exc:
+            errors.append(str(exc))
+            continue
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                errors.append(f"override {text!r}: {part!r} is a value, not a section")
+                break
+            node = child
+        else:
+            node[path[-1]] = value
+    if errors:
+        raise ConfigError("invalid overrides:\n  - " + "\n  - ".join(errors))
+    return out
+
+
+def resolve_preset(name_or_path: str | Path) -> Path:
+    """Find a preset by name (``flows/configs/<name>.yaml``) or path.
+
+    Raises:
+        ConfigError: naming the available presets when none matches.
+    """
+    p = Path(name_or_path)
+    if p.suffix in {".yaml", ".yml"} and p.exists():
+        return p
+    candidate = PRESET_DIR / f"{name_or_path}.yaml"
+    if candidate.exists():
+        return candidate
+    names = sorted(x.stem for x in PRESET_DIR.glob("*.yaml"))
+    raise ConfigError(f"preset {str(name_or_path)!r} not found; available presets: {', '.join(names)}")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping; raise ConfigError naming the file on syntax errors or a non-mapping top level."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: YAML syntax error: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """Render every pydantic error as ``source: key.path: message`` lines."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check spelling; see the preset files in flows/configs)"
+        lines.append(f"{source}: {key}: {msg} (got {err.get('input')!r})"[:400])
+    return f"{len(lines)} configuration error(s):\n  - " + "\n  - ".join(lines)
+
+
+def build_config(model: type[M], data: Mapping[str, Any], source: str = "<config>") -> M:
+    """Validate ``data`` against ``model``, raising one ConfigError that lists every problem."""
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from exc
+
+
+def load_config(model: type[M], preset: str | Path | None = None, overrides: Iterable[str] = ()) -> M:
+    """Load a preset (or the model defaults), apply overrides and validate.
+
+    Args:
+        model: the config model class.
+        preset: preset name or YAML path; ``None`` uses the model's defaults.
+        overrides: ``a.b=value`` strings applied after the preset.
+    """
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if preset is not None:
+        path = resolve_preset(preset)
+        data = read_yaml(path)
+        source = str(path)
+    overrides = list(overrides)
+    if overrides:
+        data = apply_overrides(data, overrides)
+        source += " + overrides"
+    return build_config(model, data, source)
+
+
+def config_hash(cfg: BaseModel | Mapping[str, Any]) -> str:
+    """Stable short hash of a config (sorted JSON), used in manifests and cache keys."""
+    payload = cfg.model_dump(mode="json") if isinstance(cfg, BaseModel) else dict(cfg)
+    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()[:16]

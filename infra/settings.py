@@ -1,0 +1,88 @@
+"""Process-wide settings with embedded defaults: data home, shipped data, MLflow and Prefect locations.
+
+Everything has a local default so the main job runs with no server: MLflow uses a sqlite store under the data
+home and Prefect an ephemeral API with its own home. Environment variables override (``SEARCHLOOP_HOME``,
+``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``...).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_DATA = REPO_ROOT / "data"
+
+
+class Settings(BaseSettings):
+    """searchloop settings, read from ``SEARCHLOOP_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="SEARCHLOOP_", frozen=True)
+
+    home: Path = Field(
+        default=REPO_ROOT / ".searchloop",
+        description="Data home: indexes, runs, model cache, MLflow sqlite store, Prefect home.",
+    )
+    data_dir: Path = Field(default=SHIPPED_DATA, description="Where the shipped mini datasets live.")
+    shared_data_dir: Path = Field(
+        default=REPO_ROOT.parent / "shared" / "data",
+        description="Optional directory with the full benchmark sets and corpora (used when present).",
+    )
+
+    @property
+    def tracking_uri(self) -> str:
+        """MLflow tracking URI: ``MLFLOW_TRACKING_URI`` or a sqlite store in the data home."""
+        return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.home / 'mlflow' / 'mlflow.db'}"
+
+    @property
+    def artifact_root(self) -> str:
+        """Default MLflow artifact root for experiments created by searchloop."""
+        return os.environ.get("SEARCHLOOP_ARTIFACT_ROOT") or str(self.home / "mlflow" / "artifacts")
+
+    @property
+    def runs_dir(self) -> Path:
+        """Default root for stage artifact directories (indexes, trajectories, checkpoints)."""
+        return self.home / "runs"
+
+    model_cache: Path = Field(
+        default=REPO_ROOT / ".searchloop" / "models",
+        description="Where converted models (GGUF to HF folders) are cached; shared across homes and tests.",
+    )
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Return the process settings (cached; call ``get_settings.cache_clear()`` after changing env vars)."""
+    return Settings()
+
+
+def embedded_environment(settings: Settings | None = None) -> dict[str, str]:
+    """Environment defaults for running flows with no external servers (ephemeral Prefect, local MLflow).
+
+    Existing environment variables win; the returned mapping holds only what should be set.
+    """
+    s = settings or get_settings()
+    defaults = {
+        "PREFECT_HOME": str(s.home / "prefect"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+        "MLFLOW_TRACKING_URI": s.tracking_uri,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "TORCH_EXTENSIONS_DIR": str(s.home / "torch_extensions"),
+    }
+    return {k: v for k, v in defaults.items() if k not in os.environ}
+
+
+def apply_embedded_environment(settings: Settings | None = None) -> None:
+    """Set the embedded defaults in ``os.environ`` (only keys that are not already set)."""
+    s = settings or get_settings()
+    s.home.mkdir(parents=True, exist_ok=True)
+    (s.home / "mlflow").mkdir(parents=True, exist_ok=True)
+    os.environ.update(embedded_environment(s))

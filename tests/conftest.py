@@ -1,0 +1,70 @@
+"""Test harness: an isolated searchloop home, MLflow store and Prefect home per session; shared fixtures."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="searchloop-test-"))
+os.environ["SEARCHLOOP_HOME"] = str(_SESSION_HOME)
+os.environ.setdefault("SEARCHLOOP_MODEL_CACHE", str(Path(__file__).resolve().parent.parent / ".searchloop" / "models"))
+os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_SESSION_HOME / 'mlflow.db'}"
+os.environ["PREFECT_HOME"] = str(_SESSION_HOME / "prefect")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "searchloop-torch-extensions"))
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data"
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``gpu`` tests cleanly when CUDA is absent."""
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on a GPU worker)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The shipped data directory."""
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def mini_corpus_path() -> Path:
+    """The shipped mini corpus (1,861 passages)."""
+    return DATA / "corpus" / "mini.jsonl"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The full shared data directory; tests using it skip when it is absent."""
+    if not SHARED_DATA.exists():
+        pytest.skip("../shared/data not present")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A session-scoped Prefect test harness (temporary API + DB); cold start takes ~20-30 s on 2 cores."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

@@ -1,0 +1,1 @@
+"""Training: tag protocols, generation backends, the rollout engine, rewards, E-step selection, SFT and RL launchers."""
