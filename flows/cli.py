@@ -1,12 +1,13 @@
 """The ``searchloop`` command line: one command per flow, plus the retriever server, search and ops commands.
 
-Command groups live in ``flows/commands/*``; each registers its commands on the root app. Errors a user can act
+Command groups live in ``flows/commands/*`` (discovered at start); each registers its commands. Errors a user can act
 on (``SearchloopError``) are printed in one red line and exit with status 2.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import sys
 
 import typer
@@ -14,12 +15,6 @@ from rich.console import Console
 
 from infra.errors import SearchloopError
 
-COMMAND_MODULES = (
-    "flows.commands.retrieval",
-    "flows.commands.agent",
-    "flows.commands.train",
-    "flows.commands.ops",
-)
 
 app = typer.Typer(
     name="searchloop",
@@ -30,12 +25,15 @@ app = typer.Typer(
 )
 err_console = Console(stderr=True)
 
-for _module in COMMAND_MODULES:
-    try:
-        importlib.import_module(_module).register(app)
-    except ModuleNotFoundError as exc:  # a command group not present in this checkout
-        if exc.name != _module:
-            raise
+
+def _register_commands() -> None:
+    import flows.commands as pkg
+
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        importlib.import_module(f"flows.commands.{info.name}").register(app)
+
+
+_register_commands()
 
 
 def main(argv: list[str] | None = None) -> None:
