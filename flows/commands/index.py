@@ -32,7 +32,7 @@ def recall_table(report, title: str):  # noqa: ANN001, ANN201 - RecallReport -> 
 
 
 def build(
-    preset: str = typer.Option("index_mini_bm25", "--preset", "-p", help="Preset name in flows/configs or a YAML path."),
+    preset: str = typer.Option("index_mini_bm25", "--preset", "-p", help="Preset name (flows/configs) or YAML path."),
     overrides: list[str] | None = typer.Argument(None, help="key.sub=value overrides, e.g. index.backend=dense."),
 ) -> None:
     """Build an index with the build_index Prefect flow, evaluate recall and log an MLflow run."""
