@@ -13,21 +13,19 @@ from infra.errors import ConfigError
 
 
 def recall_table(report, title: str):  # noqa: ANN001, ANN201 - RecallReport -> rich Table (lazy imports)
-    """A rich table with one row per dataset: n, then any-gold / all-gold / mean fraction at each k."""
+    """A rich table with one row per dataset and cut-off k: any-gold, all-gold and mean fraction of gold found."""
     from rich.table import Table
 
     table = Table(title=title)
-    table.add_column("dataset")
-    table.add_column("n", justify="right")
-    for k in report.ks:
-        for label in ("any", "all", "frac"):
-            table.add_column(f"{label}@{k}", justify="right")
+    for col in ("dataset", "n", "k", "any-gold", "all-gold", "mean frac"):
+        table.add_column(col, justify="left" if col == "dataset" else "right")
     for d in report.datasets:
         if not d.n:
-            table.add_row(d.dataset, "0", *["-"] * (3 * len(report.ks)))
+            table.add_row(d.dataset, "0", "-", "-", "-", "-", end_section=True)
             continue
-        cells = [f"{v[k]:.3f}" for k in report.ks for v in (d.any_gold, d.all_gold, d.mean_fraction)]
-        table.add_row(d.dataset, str(d.n), *cells)
+        for i, k in enumerate(report.ks):
+            table.add_row(d.dataset if i == 0 else "", str(d.n) if i == 0 else "", str(k), f"{d.any_gold[k]:.3f}",
+                          f"{d.all_gold[k]:.3f}", f"{d.mean_fraction[k]:.3f}", end_section=i == len(report.ks) - 1)
     return table
 
 

@@ -100,4 +100,4 @@ def test_cli_eval_prints_recall_table(mini_corpus_path, data_dir, tmp_path, caps
         main(["index", "eval", str(tmp_path), "--eval", str(data_dir / "eval" / "musique_mini.jsonl"), "-k", "5"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert "musique" in out and "any@5" in out
+    assert "musique" in out and "any-gold" in out
