@@ -112,3 +112,10 @@ def test_faiss_gpu_build(mini_corpus_path, tmp_path, hashing_encoder) -> None:
     shards = [embed_shard(tmp_path, s, tmp_path / SHARDS_DIR, hashing_encoder) for s in plan.store.shards]
     params = build_faiss_index(shards, DenseIndexConfig(type="flat", use_gpu="always"), tmp_path / "index.faiss")
     assert params["built_on_gpu"] and params["ntotal"] == 500
+
+
+def test_unknown_encoder_is_a_config_error() -> None:
+    from retrieval.encoders import SentenceTransformerEncoder
+
+    with pytest.raises(ConfigError, match="encoder.model='/nonexistent/model'"):
+        SentenceTransformerEncoder(EncoderConfig(model="/nonexistent/model"))
