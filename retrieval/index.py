@@ -171,6 +171,10 @@ def finalize_index(cfg: IndexBuildConfig, plan: IndexPlan, shards: list[ShardRef
                             "force=true, which refreshes the task cache")
     t0 = time.perf_counter()
     params = _build_backend(cfg, out, shards)
+    keep = {Path(s.path).name for s in shards}
+    for stale in (out / SHARDS_DIR).glob("*") if (out / SHARDS_DIR).exists() else []:
+        if stale.name not in keep:  # shards of an older plan (other shard size, encoder or corpus)
+            stale.unlink()
     timings = {"store_s": plan.seconds, "index_s": time.perf_counter() - t0, "embed_s": sum(s.seconds for s in shards)}
     ref = IndexRef(
         uri=str(out), backend=cfg.backend, n_passages=plan.store.n_passages, n_source_rows=plan.store.n_source_rows,

@@ -61,6 +61,14 @@ def test_complete_index_is_reused(mini_corpus_path, tmp_path, hashing_encoder) -
     assert again.reused and hashing_encoder.calls == calls
 
 
+def test_rebuild_with_new_plan_prunes_old_shards(mini_corpus_path, tmp_path, hashing_encoder) -> None:
+    base = IndexBuildConfig(corpus=str(mini_corpus_path), backend="dense", limit=120, shard_size=50)
+    build_index(base, tmp_path)
+    assert len(list((tmp_path / SHARDS_DIR).iterdir())) == 3
+    ref = build_index(base.model_copy(update={"shard_size": 60}), tmp_path)
+    assert len(list((tmp_path / SHARDS_DIR).iterdir())) == 2 and ref.shards_reused == 0
+
+
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq"])
 def test_faiss_index_types(kind, mini_corpus_path, tmp_path, hashing_encoder) -> None:
     cfg = IndexBuildConfig(corpus=str(mini_corpus_path), backend="dense", limit=1200, shard_size=400,
