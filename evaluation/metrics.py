@@ -80,7 +80,8 @@ def normalize_answer(text: str, normalization: Normalization = "squad") -> str:
     try:
         fn = _NORMALIZERS[normalization]
     except KeyError:
-        raise ConfigError(f"unknown normalization {normalization!r}; choose one of {', '.join(NORMALIZATIONS)}") from None
+        choices = ", ".join(NORMALIZATIONS)
+        raise ConfigError(f"unknown normalization {normalization!r}; choose one of {choices}") from None
     return fn(text)
 
 
@@ -325,11 +326,11 @@ def aggregate(
     groups: dict[str, list[Mapping]] = defaultdict(list)
     for e in examples:
         groups[str(e.get(dataset_key) or "default")].append(e)
+    if len(groups) > 1:
+        groups["ALL"] = list(examples)
+    boot = (confidence, n_resamples, seed)
     rows = [
-        DatasetScores(dataset=name, n=len(group), metrics=_summaries(group, metric_names, confidence, n_resamples, seed))
+        DatasetScores(dataset=name, n=len(group), metrics=_summaries(group, metric_names, *boot))
         for name, group in groups.items()
     ]
-    if len(groups) > 1:
-        rows.append(DatasetScores(dataset="ALL", n=len(examples),
-                                  metrics=_summaries(list(examples), metric_names, confidence, n_resamples, seed)))
     return ScoreTable(metric_names=list(metric_names), rows=rows, confidence=confidence)

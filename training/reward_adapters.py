@@ -57,7 +57,9 @@ def golds_from_ground_truth(ground_truth: Any) -> list[str]:
         for key in ("target", "golden_answers", "ground_truth", "answer"):
             if key in ground_truth:
                 return golds_from_ground_truth(ground_truth[key])
-        raise DataError(f"ground truth dict has none of target/golden_answers/ground_truth/answer: {ground_truth!r:.120}")
+        raise DataError(
+            f"ground truth dict has none of target/golden_answers/ground_truth/answer: {ground_truth!r:.120}"
+        )
     if isinstance(ground_truth, str):
         return [ground_truth]
     if hasattr(ground_truth, "tolist"):  # numpy arrays from parquet

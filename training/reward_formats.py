@@ -77,7 +77,8 @@ def r1searcher_tag_counts(text: str) -> dict[str, int]:
 
 def r1searcher_think_answer_ok(text: str) -> bool:
     """No ``<think>`` (the prompt opened it) and exactly one ``</think>``, ``<answer>`` and ``</answer>``."""
-    return text.count("<think>") == 0 and text.count("</think>") == text.count("<answer>") == text.count("</answer>") == 1
+    closing = text.count("</think>")
+    return text.count("<think>") == 0 and closing == text.count("<answer>") == text.count("</answer>") == 1
 
 
 def _has_cjk_outside_documents(text: str) -> bool:
