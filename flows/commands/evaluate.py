@@ -10,7 +10,7 @@ console = Console()
 
 def eval_command(
     preset: str = typer.Option("eval_mini", "--preset", "-p", help="Preset name in flows/configs or a YAML path."),
-    overrides: list[str] = typer.Argument(None, help="key.sub=value overrides, e.g. agent.limit=5 protocols=[research]"),
+    overrides: list[str] = typer.Argument(None, help="key.sub=value overrides, e.g. agent.limit=5"),
 ) -> None:
     """Evaluate search agents on benchmarks (one retried task per protocol x dataset) and print the table."""
     from flows.evaluate import EvaluateConfig, evaluate
