@@ -232,12 +232,20 @@ def _auth_dependency(config: ServerConfig) -> Any:
     return check_token
 
 
+def _index_size(searcher: Searcher) -> int | None:
+    for attr in ("passages", "store"):
+        try:
+            return len(getattr(searcher, attr))
+        except (AttributeError, TypeError):
+            continue
+    return None
+
+
 def _health(searcher: Searcher, config: ServerConfig, service: SearchService) -> dict[str, Any]:
-    passages = getattr(searcher, "passages", None)
     return {
         "status": "healthy",
         "retrievers": {"total": 1, "available": 1},
-        "index": {"name": searcher.name, "passages": len(passages) if passages is not None else None},
+        "index": {"name": searcher.name, "passages": _index_size(searcher)},
         "batching": config.batching.model_dump(),
         "limits": config.limits.model_dump(),
         "default_k": config.default_k,
