@@ -121,7 +121,7 @@ request_like = st.dictionaries(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(POST_ENDPOINTS), body=st.one_of(request_like, json_values))
 def test_random_json_bodies_never_500(http, path: str, body: object) -> None:
     r = _post(http, path, json.dumps(body).encode())
@@ -130,13 +130,13 @@ def test_random_json_bodies_never_500(http, path: str, body: object) -> None:
         assert "error" in r.json()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(POST_ENDPOINTS), raw=st.binary(max_size=300))
 def test_random_bytes_never_500(http, path: str, raw: bytes) -> None:
     assert _post(http, path, raw).status_code < 500
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(query=st.text(max_size=300), k=st.text(max_size=8))
 def test_random_query_params_never_500(http, query: str, k: str) -> None:
     assert http.get("/api/search", params={"query": query, "k": k}).status_code < 500
