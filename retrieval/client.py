@@ -97,7 +97,7 @@ class _Base:
     def _policy(self) -> dict[str, Any]:
         return {
             "stop": stop_after_attempt(self.retries + 1),
-            "wait": wait_exponential_jitter(initial=self.backoff_s, max=max(self.backoff_s, 8.0)),
+            "wait": wait_exponential_jitter(initial=self.backoff_s, max=max(self.backoff_s, 8.0), jitter=self.backoff_s),
             "retry": retry_if_exception_type((httpx.TransportError, _Retryable)),
             "reraise": True,
         }
