@@ -95,9 +95,10 @@ class _Base:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _policy(self) -> dict[str, Any]:
+        b = self.backoff_s
         return {
             "stop": stop_after_attempt(self.retries + 1),
-            "wait": wait_exponential_jitter(initial=self.backoff_s, max=max(self.backoff_s, 8.0), jitter=self.backoff_s),
+            "wait": wait_exponential_jitter(initial=b, max=max(b, 8.0), jitter=b),
             "retry": retry_if_exception_type((httpx.TransportError, _Retryable)),
             "reraise": True,
         }

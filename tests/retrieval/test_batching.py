@@ -192,9 +192,12 @@ def test_live_server_batches_concurrent_requests(mini_corpus_path, batching: boo
     counting = CountingSearcher(bm25, delay_s=0.01)
     cfg = ServerConfig(cache_size=0, batching={"enabled": batching, "max_wait_ms": 5})
     queries = [f"film directed in {1950 + i}" for i in range(48)]
-    with serve_in_thread(create_app(counting, cfg)) as url:
-        with httpx.Client(base_url=url, timeout=30) as client, ThreadPoolExecutor(16) as pool:
-            bodies = list(pool.map(lambda q: client.post("/search", json={"query": q, "top_n": 3}).json(), queries))
+    with (
+        serve_in_thread(create_app(counting, cfg)) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+        ThreadPoolExecutor(16) as pool,
+    ):
+        bodies = list(pool.map(lambda q: client.post("/search", json={"query": q, "top_n": 3}).json(), queries))
     expected = bm25.search(queries, 3)
     assert [[d["id"] for d in docs] for docs in bodies] == [[h.id for h in hits] for hits in expected]
     if batching:

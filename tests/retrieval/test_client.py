@@ -80,9 +80,12 @@ def test_client_without_token_gets_401_immediately(url) -> None:
 
 def test_client_4xx_is_not_retried() -> None:
     app, seen = _flaky_app(fail_times=10, status=422)
-    with serve_in_thread(app) as base, RetrieverClient(base, retries=4, backoff_s=0.01) as client:
-        with pytest.raises(RetrieverError, match="HTTP 422: planned failure 1") as info:
-            client.search(["q"], 3)
+    with (
+        serve_in_thread(app) as base,
+        RetrieverClient(base, retries=4, backoff_s=0.01) as client,
+        pytest.raises(RetrieverError, match="HTTP 422: planned failure 1") as info,
+    ):
+        client.search(["q"], 3)
     assert info.value.status == 422
     assert seen["calls"] == 1
 
@@ -98,9 +101,12 @@ def test_client_retries_5xx_then_succeeds(status: int) -> None:
 
 def test_client_gives_up_after_retries() -> None:
     app, seen = _flaky_app(fail_times=100, status=503)
-    with serve_in_thread(app) as base, RetrieverClient(base, retries=2, backoff_s=0.01) as client:
-        with pytest.raises(RetrieverError, match="still failing after 3 attempt") as info:
-            client.search(["q"], 1)
+    with (
+        serve_in_thread(app) as base,
+        RetrieverClient(base, retries=2, backoff_s=0.01) as client,
+        pytest.raises(RetrieverError, match="still failing after 3 attempt") as info,
+    ):
+        client.search(["q"], 1)
     assert seen["calls"] == 3 and info.value.status == 503
 
 
@@ -130,9 +136,11 @@ def test_client_retries_connection_refused_until_server_starts(bm25) -> None:
 
 
 def test_client_connection_refused_gives_up_with_hint() -> None:
-    with RetrieverClient(f"http://127.0.0.1:{_free_port()}", retries=1, backoff_s=0.01) as client:
-        with pytest.raises(RetrieverError, match="ConnectError.*searchloop serve retriever"):
-            client.search(["q"], 1)
+    with (
+        RetrieverClient(f"http://127.0.0.1:{_free_port()}", retries=1, backoff_s=0.01) as client,
+        pytest.raises(RetrieverError, match="ConnectError.*searchloop serve retriever"),
+    ):
+        client.search(["q"], 1)
 
 
 def test_async_client(url, bm25) -> None:
