@@ -1,11 +1,11 @@
 """Request coalescing for the retriever server: an LRU query cache, a micro-batcher and the per-request baseline.
 
-:class:`MicroBatcher` collects the queries of concurrent requests from an asyncio queue for at most
-``max_wait_s`` after the first one arrives (or until ``max_batch_queries`` are waiting), runs ONE
+:class:`MicroBatcher` takes every query waiting in an asyncio queue (after one event-loop turn, or for up to
+``max_wait_s`` after the first request when that is set; at most ``max_batch_queries``), runs ONE
 ``searcher.search(unique_queries, max_k)`` in a dedicated worker thread and hands each request its slice,
 truncated to its own k. While a batch runs, new requests queue up and form the next batch, so batches grow with
-load. Truncating the top-``max_k`` list to k is exact for exhaustive backends (BM25, faiss Flat) and may differ
-marginally for approximate ones (HNSW, IVF-PQ) whose candidate lists depend on k.
+load by themselves and an idle server adds no delay (``max_wait_s=0``, the default). Truncating the
+top-``max_k`` list to k is exact for exhaustive backends (BM25, faiss Flat) and may differ marginally for approximate ones (HNSW, IVF-PQ) whose candidate lists depend on k.
 
 :class:`PerRequestRunner` is the seeds' pattern (one ``search`` per request in a thread pool); it exists as the
 baseline the benchmark compares against. :class:`SearchService` puts the cache in front of either.
@@ -94,7 +94,7 @@ class MicroBatcher:
         self,
         search: SearchFn,
         max_batch_queries: int = 256,
-        max_wait_s: float = 0.002,
+        max_wait_s: float = 0.0,
         max_pending_queries: int = 8192,
     ) -> None:
         self._search = search
@@ -151,13 +151,19 @@ class MicroBatcher:
         batch = [await queue.get()]
         size = len(batch[0].queries)
         deadline = loop.time() + self.max_wait_s
+        yielded = False
         while size < self.max_batch_queries:
             try:
                 item = queue.get_nowait()
             except asyncio.QueueEmpty:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    break
+                    if yielded:
+                        break
+                    # one loop turn lets requests whose bodies already arrived join this batch
+                    yielded = True
+                    await asyncio.sleep(0)
+                    continue
                 try:
                     item = await asyncio.wait_for(queue.get(), remaining)
                 except TimeoutError:

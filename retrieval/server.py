@@ -58,7 +58,10 @@ class BatchingConfig(StrictModel):
 
     enabled: bool = Field(default=True, description="Micro-batch concurrent requests; false = one search per request.")
     max_batch_queries: int = Field(default=256, ge=1, description="Close a batch once this many queries wait.")
-    max_wait_ms: float = Field(default=2.0, ge=0, description="Longest wait for more requests after the first.")
+    max_wait_ms: float = Field(
+        default=0.0, ge=0, description="Extra wait for more requests after the first; 0 = batch whatever queued "
+        "while the previous search ran (no added latency when idle)."
+    )
     max_pending_queries: int = Field(default=8192, ge=1, description="Queue bound; beyond it requests get 503.")
     baseline_threads: int = Field(default=8, ge=1, description="Thread pool size when batching is disabled.")
 

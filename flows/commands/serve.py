@@ -45,7 +45,7 @@ def serve_retriever(
     token: str | None = typer.Option(None, envvar=ENV_TOKEN, help="Require this bearer token on search endpoints."),
     max_k: int = typer.Option(100, help="Largest k a request may ask for (422 above)."),
     cache_size: int = typer.Option(50_000, help="LRU query cache entries (0 disables)."),
-    max_wait_ms: float = typer.Option(2.0, help="Micro-batch collection window after the first request."),
+    max_wait_ms: float = typer.Option(0.0, help="Extra micro-batch wait after the first request (0 = none)."),
     max_batch: int = typer.Option(256, help="Close a micro-batch once this many queries wait."),
     no_batching: bool = typer.Option(False, help="One search per request in a thread pool (the seeds' baseline)."),
 ) -> None:

@@ -70,6 +70,27 @@ def test_concurrent_submits_share_searcher_calls() -> None:
     assert max(k for _, k in fake.calls) == 5
 
 
+def test_no_wait_still_coalesces_requests_queued_together() -> None:
+    fake = CountingSearcher(delay_s=0.02)
+
+    async def main():
+        batcher = MicroBatcher(fake.search)  # max_wait_s=0: no added latency when idle
+        await batcher.start()
+        try:
+            t0 = time.perf_counter()
+            await batcher.submit(["alone"], 1)
+            idle_latency = time.perf_counter() - t0
+            await asyncio.gather(*(batcher.submit([f"q{i}"], 1) for i in range(30)))
+            return idle_latency
+        finally:
+            await batcher.close()
+
+    idle_latency = _run(main())
+    assert idle_latency < 0.5
+    assert [len(q) for q, _ in fake.calls][0] == 1
+    assert len(fake.calls) <= 3, f"30 queued requests took {len(fake.calls) - 1} searcher calls"
+
+
 def test_duplicate_queries_searched_once_per_batch() -> None:
     fake = CountingSearcher(delay_s=0.01)
 
@@ -190,7 +211,7 @@ def test_service_serves_repeats_from_cache() -> None:
 def test_live_server_batches_concurrent_requests(mini_corpus_path, batching: bool) -> None:
     bm25 = BM25Searcher.build(read_corpus(mini_corpus_path))
     counting = CountingSearcher(bm25, delay_s=0.01)
-    cfg = ServerConfig(cache_size=0, batching={"enabled": batching, "max_wait_ms": 5})
+    cfg = ServerConfig(cache_size=0, batching={"enabled": batching})
     queries = [f"film directed in {1950 + i}" for i in range(48)]
     with (
         serve_in_thread(create_app(counting, cfg)) as url,
