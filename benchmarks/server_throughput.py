@@ -67,15 +67,22 @@ def build(backend: str, passages: int, out: Path) -> Path:
     return Path(ref.uri)
 
 
-def in_process(index_dir: Path, queries: list[str], k: int) -> float:
-    """Queries/s of one batched search call (after a warm-up call)."""
+def in_process(index_dir: Path, queries: list[str], k: int) -> tuple[float, float]:
+    """Queries/s and CPU ms per query of one batched search call (after a warm-up call)."""
     from retrieval.index import load_searcher
 
     searcher = load_searcher(index_dir)
     searcher.search(queries[:64], k)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     searcher.search(queries, k)
-    return len(queries) / (time.perf_counter() - t0)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return len(queries) / wall, 1000 * cpu / len(queries)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _free_port() -> int:
@@ -99,13 +106,13 @@ def server_process(index_dir: Path, batching: bool):
         url = f"http://127.0.0.1:{port}"
         with RetrieverClient(url, retries=0) as client:
             client.wait_until_ready(timeout_s=180)
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         proc.wait(30)
 
 
-async def _load(url: str, queries: list[str], clients: int, k: int) -> dict[str, float]:
+async def _load(url: str, queries: list[str], clients: int, k: int, pid: int) -> dict[str, float]:
     import httpx
 
     latencies: list[float] = []
@@ -124,19 +131,22 @@ async def _load(url: str, queries: list[str], clients: int, k: int) -> dict[str,
         await asyncio.gather(*(worker(client) for _ in range(clients)))
         latencies.clear()
         todo = iter(queries)
-        t0 = time.perf_counter()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), _cpu_seconds(pid)
         await asyncio.gather(*(worker(client) for _ in range(clients)))
-        wall = time.perf_counter() - t0
+        wall, client_cpu, server_cpu = time.perf_counter() - t0, time.process_time() - c0, _cpu_seconds(pid) - s0
     latencies.sort()
+    n = len(latencies)
     return {
-        "qps": len(latencies) / wall,
+        "qps": n / wall,
+        "server_cpu_ms": 1000 * server_cpu / n,
+        "client_cpu_ms": 1000 * client_cpu / n,
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "requests": len(latencies),
     }
 
 
-def http_rows(url: str, queries: list[str], levels: list[int], k: int, min_requests: int) -> dict[int, dict]:
+def http_rows(url: str, pid: int, queries: list[str], levels: list[int], k: int, min_requests: int) -> dict[int, dict]:
     """Throughput/latency per concurrency level, each level over fresh unique queries."""
     rows = {}
     offset = 0
@@ -144,40 +154,44 @@ def http_rows(url: str, queries: list[str], levels: list[int], k: int, min_reque
         n = max(min_requests, 10 * c)
         chunk = [queries[(offset + i) % len(queries)] for i in range(n)]
         offset += n
-        rows[c] = asyncio.run(_load(url, chunk, c, k))
-        r = rows[c]
-        print(f"  {c:>3} clients: {r['qps']:8.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms", flush=True)
+        rows[c] = r = asyncio.run(_load(url, chunk, c, k, pid))
+        print(f"  {c:>3} clients: {r['qps']:8.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
+              f"server cpu {r['server_cpu_ms']:.2f} ms/q  client cpu {r['client_cpu_ms']:.2f} ms/q", flush=True)
     return rows
 
 
 def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp: Path) -> dict[str, Any]:
     index_dir = build(backend, args.passages, tmp)
-    inproc = in_process(index_dir, queries[: args.inprocess_queries], args.k)
-    print(f"[{backend}] in-process batched: {inproc:.1f} q/s", flush=True)
-    out: dict[str, Any] = {"backend": backend, "in_process_qps": inproc}
+    inproc, inproc_cpu = in_process(index_dir, queries[: args.inprocess_queries], args.k)
+    print(f"[{backend}] in-process batched: {inproc:.1f} q/s, cpu {inproc_cpu:.2f} ms/q", flush=True)
+    out: dict[str, Any] = {"backend": backend, "in_process_qps": inproc, "in_process_cpu_ms": inproc_cpu}
     for name, batching in (("server", True), ("baseline", False)):
         print(f"[{backend}] {name} (batching={batching})", flush=True)
-        with server_process(index_dir, batching) as url:
-            out[name] = http_rows(url, queries, args.clients, args.k, args.min_requests)
+        with server_process(index_dir, batching) as (url, pid):
+            out[name] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests)
     top = max(args.clients)
     out["server_vs_in_process"] = out["server"][top]["qps"] / inproc
     out["server_vs_baseline"] = out["server"][top]["qps"] / out["baseline"][top]["qps"]
+    out["cpu_efficiency"] = inproc_cpu / out["server"][top]["server_cpu_ms"]
     return out
 
 
 def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
     top = max(levels)
-    print("\nbackend   mode        clients      q/s   p50 ms   p99 ms")
+    print("\nbackend   mode        clients      q/s   p50 ms   p99 ms  server cpu ms/q  client cpu ms/q")
     for res in results:
-        print(f"{res['backend']:<9} in-process        -  {res['in_process_qps']:7.1f}        -        -")
+        print(f"{res['backend']:<9} in-process        -  {res['in_process_qps']:7.1f}        -        -  "
+              f"{res['in_process_cpu_ms']:15.2f}                -")
         for mode in ("server", "baseline"):
             for c in levels:
                 r = res[mode][c]
-                print(f"{res['backend']:<9} {mode:<10} {c:>8}  {r['qps']:7.1f}  {r['p50_ms']:7.1f}  {r['p99_ms']:7.1f}")
+                print(f"{res['backend']:<9} {mode:<10} {c:>8}  {r['qps']:7.1f}  {r['p50_ms']:7.1f}  "
+                      f"{r['p99_ms']:7.1f}  {r['server_cpu_ms']:15.2f}  {r['client_cpu_ms']:15.2f}")
     print()
     for res in results:
         print(f"{res['backend']}: server/in-process at {top} clients = {res['server_vs_in_process']:.2f} "
-              f"(target >= 0.9); server/baseline at {top} clients = {res['server_vs_baseline']:.2f} (target >= 5)")
+              f"(target >= 0.9); server/baseline at {top} clients = {res['server_vs_baseline']:.2f} (target >= 5); "
+              f"search share of server CPU (in-process cpu/q / server cpu/q) = {res['cpu_efficiency']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -189,14 +203,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--min-requests", type=int, default=160, help="Requests per level (at least 10 x clients).")
     p.add_argument("--inprocess-queries", type=int, default=1024, help="Queries in the in-process batch.")
     p.add_argument("--json", type=Path, default=None, help="Also write the results here.")
+    p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built indexes here.")
     args = p.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
     queries = load_queries(4096)
     print(f"{len(queries)} unique queries; cpu cores: {os.cpu_count()}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="searchloop-bench-") as tmp:
+        work = args.work_dir or Path(tmp)
         for backend in args.backends.split(","):
-            results.append(run_backend(backend.strip(), args, queries, Path(tmp)))
+            results.append(run_backend(backend.strip(), args, queries, work))
     print_table(results, args.clients)
     if args.json:
         args.json.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))

@@ -5,7 +5,8 @@
 ``searcher.search(unique_queries, max_k)`` in a dedicated worker thread and hands each request its slice,
 truncated to its own k. While a batch runs, new requests queue up and form the next batch, so batches grow with
 load by themselves and an idle server adds no delay (``max_wait_s=0``, the default). Truncating the
-top-``max_k`` list to k is exact for exhaustive backends (BM25, faiss Flat) and may differ marginally for approximate ones (HNSW, IVF-PQ) whose candidate lists depend on k.
+top-``max_k`` list to k is exact for exhaustive backends (BM25, faiss Flat) and may differ marginally for
+approximate ones (HNSW, IVF-PQ) whose candidate lists depend on k.
 
 :class:`PerRequestRunner` is the seeds' pattern (one ``search`` per request in a thread pool); it exists as the
 baseline the benchmark compares against. :class:`SearchService` puts the cache in front of either.
