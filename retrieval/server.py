@@ -63,6 +63,7 @@ class BatchingConfig(StrictModel):
         "while the previous search ran (no added latency when idle)."
     )
     max_pending_queries: int = Field(default=8192, ge=1, description="Queue bound; beyond it requests get 503.")
+    workers: int = Field(default=1, ge=1, description="Batches that may run at once, each in its own thread.")
     baseline_threads: int = Field(default=8, ge=1, description="Thread pool size when batching is disabled.")
 
 
@@ -213,7 +214,9 @@ def _make_service(searcher: Searcher, config: ServerConfig) -> SearchService:
     b = config.batching
     runner: MicroBatcher | PerRequestRunner
     if b.enabled:
-        runner = MicroBatcher(searcher.search, b.max_batch_queries, b.max_wait_ms / 1000, b.max_pending_queries)
+        runner = MicroBatcher(
+            searcher.search, b.max_batch_queries, b.max_wait_ms / 1000, b.max_pending_queries, b.workers
+        )
     else:
         runner = PerRequestRunner(searcher.search, b.baseline_threads)
     return SearchService(runner, QueryCache(config.cache_size))
