@@ -1,0 +1,127 @@
+"""Prefect tasks for operations: corpus checks, index refresh, evaluation, the promotion gate, MLflow records.
+
+Thin wrappers: the work lives in ``retrieval.sync``, ``evaluation.gate`` and ``infra.tracking``; retries,
+timeouts and tags are declared here. The live-retriever query retries through connection errors, so a retriever
+that is restarted mid-run costs a retry, not the flow.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.context import get_run_context
+
+from evaluation.gate import GateDecision, decide_promotion, load_questions, recall_at_k
+from infra import artifacts, proc
+from infra.errors import SearchloopError
+from retrieval import sync
+from retrieval.corpus import read_corpus
+
+
+class TrackingUnavailable(SearchloopError):
+    """The MLflow tracking server cannot be reached; the message says where the results were kept."""
+
+
+@task(name="check-corpus", retries=2, retry_delay_seconds=2)
+def check_corpus(corpus: str, state_dir: str) -> sync.CorpusCheck:
+    """Hash the corpus file and compare it with the last processed one."""
+    return sync.check_corpus(corpus, state_dir)
+
+
+@task(name="diff-corpus", retries=1, retry_delay_seconds=2)
+def diff_corpus(corpus: str, state_dir: str) -> sync.CorpusDiff:
+    """Per-passage diff (added / changed / deleted) against the last processed corpus."""
+    diff, _ = sync.diff_corpus(corpus, state_dir)
+    return diff
+
+
+@task(name="build-index", retries=1, retry_delay_seconds=5, timeout_seconds=3600)
+def build_index(corpus: str, out_dir: str, diff: sync.CorpusDiff, sha256: str, previous: str | None) -> dict:
+    """Build (or reuse, when its manifest exists) the BM25 index of the current corpus."""
+    return sync.build_bm25_index(read_corpus(corpus), out_dir, diff, sha256, previous)
+
+
+@task(name="evaluate-index", retries=1, retry_delay_seconds=2)
+def evaluate_index(index_dir: str, eval_sets: list[str], k: int, limit: int) -> float:
+    """Any-gold recall@k of a local index on the eval questions."""
+    questions = load_questions(eval_sets, limit)
+    ids = sync.search_ids_local(index_dir, [q.question for q in questions], k)
+    return recall_at_k(ids, [q.supporting_doc_ids for q in questions])
+
+
+@task(name="evaluate-live-retriever", retries=6, retry_delay_seconds=2, timeout_seconds=300)
+def evaluate_live_retriever(url: str, eval_sets: list[str], k: int, limit: int) -> float:
+    """Any-gold recall@k of the index the live retriever serves (the incumbent); retried through restarts."""
+    questions = load_questions(eval_sets, limit)
+    ids = sync.search_ids_http(url, [q.question for q in questions], k)
+    return recall_at_k(ids, [q.supporting_doc_ids for q in questions])
+
+
+@task(name="promotion-gate")
+def gate(metric: str, candidate: float, incumbent: float | None, min_delta: float) -> GateDecision:
+    """Decide whether the candidate replaces the incumbent."""
+    decision = decide_promotion(metric, candidate, incumbent, min_delta)
+    get_run_logger().info("gate: %s", decision.reason)
+    return decision
+
+
+def _tracking_reachable(uri: str) -> bool:
+    if not uri.startswith(("http://", "https://")):
+        return True
+    return proc.is_healthy(f"{uri.rstrip('/')}/health", timeout=3)
+
+
+@task(name="log-to-mlflow", retries=2, retry_delay_seconds=3)
+def log_to_mlflow(run_name: str, experiment: str, params: dict[str, Any], metrics: dict[str, float],
+                  tags: dict[str, str], record: dict[str, Any]) -> str:
+    """Log one MLflow run (params, metrics, tags, the decision record as an artifact); returns the run id.
+
+    Raises:
+        TrackingUnavailable: when the tracking server does not answer (after the task's retries); artifacts and
+            state written before this step are kept, and a rerun resumes from them.
+    """
+    import mlflow
+
+    from infra import tracking
+    from infra.settings import get_settings
+
+    uri = get_settings().tracking_uri
+    if not _tracking_reachable(uri):
+        raise TrackingUnavailable(
+            f"MLflow tracking server {uri} is not reachable; the index and decision were kept on disk and the "
+            f"corpus state was not committed, so rerunning after `searchloop up` (or fixing MLFLOW_TRACKING_URI) "
+            f"logs this run without rebuilding"
+        )
+    with tracking.stage_run(run_name, params=params, tags=tags, experiment=experiment) as run:
+        tracking.log_metrics(metrics)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "decision.json")
+            artifacts.write_json(path, record)
+            mlflow.log_artifact(path)
+        return run.info.run_id
+
+
+@task(name="commit-corpus-state", retries=2, retry_delay_seconds=2)
+def commit_state(state_dir: str, check: sync.CorpusCheck, corpus: str, index_dir: str, extra: dict) -> dict:
+    """Record the processed corpus (written last: a crash before it means the next run redoes the work)."""
+    return sync.commit_state(state_dir, check, read_corpus(corpus), index_dir, extra)
+
+
+def flow_run_info() -> dict[str, str]:
+    """Prefect flow-run id and name of the current run ({} outside a run)."""
+    try:
+        ctx = get_run_context()
+    except RuntimeError:
+        return {}
+    fr = getattr(ctx, "flow_run", None) or getattr(getattr(ctx, "task_run", None), "flow_run", None)
+    return {"prefect.flow_run_id": str(fr.id), "prefect.flow_run_name": fr.name} if fr else {}
+
+
+@task(name="record-decision")
+def record_decision(key: str, markdown: str) -> None:
+    """Attach the decision to the flow run as a markdown artifact (visible in the Prefect UI)."""
+    create_markdown_artifact(key=key, markdown=markdown, description="scheduled retraining decision")
