@@ -37,7 +37,7 @@ class StackConfig(StrictModel):
     prefect_port: int = Field(default=4200, description="Prefect server (API + UI) port.")
     mlflow_port: int = Field(default=5000, description="MLflow tracking server port.")
     mlflow_artifacts: str | None = Field(
-        default=None, description="MLflow artifact destination (local path or s3://...); default <home>/mlflow/artifacts."
+        default=None, description="MLflow artifact destination (path or s3://); default <home>/mlflow/artifacts."
     )
     pools: list[str] | None = Field(
         default=None, description="Work pools to start process workers for; default cpu, plus gpu with CUDA."
