@@ -51,6 +51,7 @@ class RetrainResult(StrictModel):
     message: str = Field(description="Human-readable summary (also in the flow-run log).")
     corpus_sha256: str = Field(description="Hash of the corpus that was checked.")
     index_dir: str | None = Field(default=None, description="Index built in this run.")
+    index_reused: bool = Field(default=False, description="True when a finished index was found and not rebuilt.")
     mlflow_run_id: str | None = Field(default=None, description="MLflow run with the decision.")
 
 
@@ -118,7 +119,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: 
     ops.commit_state(state_dir, check, config.corpus, index_dir, {"champion_index": champion, "mlflow_run_id": run_id})
     log.info(msg)
     return RetrainResult(status=status, message=msg, corpus_sha256=check.sha256, index_dir=index_dir,
-                         mlflow_run_id=run_id)
+                         index_reused=bool(manifest.get("reused")), mlflow_run_id=run_id)
 
 
 def _markdown(record: dict, msg: str) -> str:

@@ -53,7 +53,7 @@ def evaluate_index(index_dir: str, eval_sets: list[str], k: int, limit: int) -> 
     return recall_at_k(ids, [q.supporting_doc_ids for q in questions])
 
 
-@task(name="evaluate-live-retriever", retries=6, retry_delay_seconds=2, timeout_seconds=300)
+@task(name="evaluate-live-retriever", retries=6, retry_delay_seconds=[1, 2, 4, 8, 8, 8], timeout_seconds=300)
 def evaluate_live_retriever(url: str, eval_sets: list[str], k: int, limit: int) -> float:
     """Any-gold recall@k of the index the live retriever serves (the incumbent); retried through restarts."""
     questions = load_questions(eval_sets, limit)
