@@ -214,11 +214,11 @@ def service_names(cfg: StackConfig) -> list[str]:
     return sorted(p.stem for p in cfg.run_dir.glob("*.pid")) if cfg.run_dir.exists() else []
 
 
-def down(cfg: StackConfig) -> list[str]:
-    """Stop workers first, then the servers; data stays. Returns the names that were running."""
+def down(cfg: StackConfig, timeout: float = 15.0) -> list[str]:
+    """Stop workers first, then the servers (SIGKILL after ``timeout`` s); data stays. Returns what was running."""
     names = service_names(cfg)
     ordered = [n for n in names if n.startswith("worker-")] + [n for n in names if not n.startswith("worker-")]
-    return [n for n in ordered if proc.stop_service(cfg.run_dir, n)]
+    return [n for n in ordered if proc.stop_service(cfg.run_dir, n, timeout=timeout)]
 
 
 def status(cfg: StackConfig) -> list[dict[str, object]]:
@@ -231,3 +231,28 @@ def status(cfg: StackConfig) -> list[dict[str, object]]:
         rows.append({"name": name, "pid": info.pid if info else None, "running": running, "healthy": healthy,
                      "url": info.health_url if info else None, "log": info.log if info else None})
     return rows
+
+
+COMPOSE_DIR = Path(__file__).resolve().parent / "compose"
+
+
+def apply_work_pool(api_url: str, name: str, pool_type: str, template: Path | None = None,
+                    concurrency_limit: int | None = None) -> dict:
+    """Create or update a work pool (e.g. ``gpu-docker`` of type ``docker`` with our base job template).
+
+    The server validates the template (every ``{{ var }}`` must be declared under ``variables``).
+
+    Raises:
+        httpx.HTTPStatusError: when the server rejects the pool or template.
+    """
+    body: dict = {"name": name, "type": pool_type, "concurrency_limit": concurrency_limit}
+    if template is not None:
+        body["base_job_template"] = orjson.loads(Path(template).read_bytes())
+    r = httpx.post(f"{api_url}/work_pools/", json=body, timeout=15)
+    if r.status_code == 409:  # exists: update template and limit
+        body.pop("name")
+        body.pop("type")
+        httpx.patch(f"{api_url}/work_pools/{name}", json=body, timeout=15).raise_for_status()
+        r = httpx.get(f"{api_url}/work_pools/{name}", timeout=15)
+    r.raise_for_status()
+    return r.json()

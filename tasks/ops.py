@@ -111,6 +111,22 @@ def commit_state(state_dir: str, check: sync.CorpusCheck, corpus: str, index_dir
     return sync.commit_state(state_dir, check, read_corpus(corpus), index_dir, extra)
 
 
+def configure_s3_from_block(block_name: str) -> str:
+    """Configure S3 access from a Prefect ``Secret`` block holding JSON with endpoint_url, key and secret.
+
+    Returns a log-safe description (credentials never logged).
+    """
+    from prefect.blocks.system import Secret
+    from pydantic import SecretStr
+
+    from infra import s3
+
+    data = Secret.load(block_name).get()
+    opts = s3.S3Options(endpoint_url=data.get("endpoint_url"), key=SecretStr(data["key"]) if data.get("key") else None,
+                        secret=SecretStr(data["secret"]) if data.get("secret") else None)
+    return s3.describe(s3.configure(opts))
+
+
 def flow_run_info() -> dict[str, str]:
     """Prefect flow-run id and name of the current run ({} outside a run)."""
     try:

@@ -124,6 +124,21 @@ def register(app: typer.Typer) -> None:
         for key, dep_id in _register(_parse_schedules(schedule)).items():
             console.print(f"deployment {key} ({dep_id})")
 
+    @deploy.command("pool")
+    def deploy_pool(
+        name: str = typer.Argument(..., help="Work pool name, e.g. gpu-docker or gpu-k8s."),
+        pool_type: str = typer.Option("docker", "--type", help="Work pool type: process, docker, kubernetes."),
+        template: str = typer.Option(None, help="Base job template JSON (see infra/compose/base-job-template-*.json)."),
+        concurrency: int = typer.Option(None, help="Pool concurrency limit (e.g. the number of GPUs)."),
+    ) -> None:
+        """Create or update a work pool with a base job template (validated by the server)."""
+        from pathlib import Path
+
+        from infra import stack
+
+        pool = stack.apply_work_pool(_api_url(), name, pool_type, Path(template) if template else None, concurrency)
+        console.print(f"work pool {pool['name']} ({pool['type']}), concurrency {pool.get('concurrency_limit')}")
+
     @deploy.command("run")
     def deploy_run(
         flow_name: str = typer.Argument(..., help="Flow name, e.g. retrain (see `searchloop deploy register`)."),

@@ -91,7 +91,7 @@ def ops_stack(moto_s3: str) -> Iterator[Stack]:
             timings["register"] = time.monotonic() - start
         yield s
     finally:
-        stack.down(cfg)
+        stack.down(cfg, timeout=5)
 
 
 @pytest.fixture()

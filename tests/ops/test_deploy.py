@@ -95,3 +95,13 @@ def test_status_lists_running_stack(ops_stack):
     assert out.returncode == 0, out.stderr
     for name in ("prefect-server", "mlflow-server", "worker-cpu"):
         assert re.search(rf"{name}\s+│\s+\d+\s+│\s+yes", out.stdout), out.stdout
+
+
+def test_gpu_job_templates_accepted_by_the_server(ops_stack):
+    from infra.stack import COMPOSE_DIR, apply_work_pool
+
+    for pool_type in ("docker", "kubernetes"):
+        path = COMPOSE_DIR / f"base-job-template-{pool_type}.json"
+        pool = apply_work_pool(ops_stack.cfg.prefect_api_url, f"gpu-{pool_type}", pool_type, path, concurrency_limit=2)
+        assert pool["type"] == pool_type and pool["concurrency_limit"] == 2
+        assert pool["base_job_template"]["variables"]["properties"]["gpus"]["default"] == 1

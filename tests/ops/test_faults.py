@@ -54,24 +54,19 @@ def test_mlflow_down_fails_clearly_keeps_artifacts_and_rerun_resumes(ops_stack, 
     from flows.retrain import RetrainConfig, retrain
     from tasks.ops import TrackingUnavailable
 
-    before = {r.info.run_id for r in mlflow_runs(ops_stack.cfg.mlflow_url)}
+    down_uri = f"http://127.0.0.1:{proc.free_port()}"  # an MLflow server that is down: nothing listens there
     cfg = RetrainConfig(corpus=str(corpus_copy), state_root=str(tmp_path / "state"), name="mlflow-down")
-    assert proc.stop_service(ops_stack.cfg.run_dir, stack.MLFLOW)
-    try:
-        with ops_stack.client_env(), pytest.raises(TrackingUnavailable, match="is not reachable"):
-            retrain(cfg)
-    finally:
-        proc.ensure_started(stack.mlflow_spec(ops_stack.cfg), ops_stack.cfg.run_dir, timeout=120)
+    with ops_stack.client_env(mlflow_uri=down_uri), pytest.raises(TrackingUnavailable, match="is not reachable"):
+        retrain(cfg)
     state_dir = tmp_path / "state" / "mlflow-down"
     built = list((state_dir / "indexes").iterdir())
     assert len(built) == 1 and artifacts.read_manifest(built[0])["passages"] == 1861  # the index survived
     assert sync.read_state(state_dir) is None  # corpus not marked processed: the rerun will log it
 
-    with ops_stack.client_env():
+    with ops_stack.client_env():  # the tracking server is back
         result = retrain(cfg)
     assert result.status == "promoted" and result.index_reused and result.index_dir == str(built[0])
-    after = {r.info.run_id for r in mlflow_runs(ops_stack.cfg.mlflow_url)}
-    assert before <= after and result.mlflow_run_id in after  # earlier runs survived the MLflow restart
+    assert result.mlflow_run_id in {r.info.run_id for r in mlflow_runs(ops_stack.cfg.mlflow_url)}
 
 
 def test_prefect_server_restart_keeps_deployments_runs_and_worker(ops_stack):

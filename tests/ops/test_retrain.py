@@ -80,3 +80,23 @@ def test_s3_corpus_source_change_detection(ops_stack, moto_s3: str, tmp_path: Pa
         again = retrain(cfg)
     assert again.status == "promoted"
     assert sync.read_state(tmp_path / "state" / "s3")["sha256"] == artifacts.file_sha256(uri)
+
+
+def test_s3_options_from_env_or_explicit_never_show_secrets(moto_s3: str, monkeypatch):
+    from pydantic import SecretStr
+
+    from infra import s3
+
+    env_opts = s3.options_from_env()
+    assert env_opts.endpoint_url == moto_s3 and "testing" not in s3.describe(env_opts) + repr(env_opts)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # without fsspec config, s3fs would now go to AWS
+    try:
+        s3.configure(s3.S3Options(endpoint_url=moto_s3, key=SecretStr("testing"), secret=SecretStr("testing")))
+        fs, _ = artifacts.url_to_fs("s3://searchloop-explicit")
+        fs.mkdir("searchloop-explicit")
+        artifacts.write_json("s3://searchloop-explicit/x.json", {"ok": True})
+        assert artifacts.read_json("s3://searchloop-explicit/x.json") == {"ok": True}
+    finally:
+        import fsspec
+
+        fsspec.config.conf.pop("s3", None)
