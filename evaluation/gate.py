@@ -7,7 +7,7 @@ carries a one-line reason that is written to MLflow and to the Prefect flow run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
 from pydantic import Field
 
@@ -40,37 +40,15 @@ def decide_promotion(metric: str, candidate: float, incumbent: float | None, min
     )
 
 
-def recall_at_k(retrieved: Sequence[Sequence[str]], gold: Sequence[Sequence[str]]) -> float:
-    """Any-gold recall: fraction of questions (with gold ids) where a gold passage id is retrieved.
 
-    Args:
-        retrieved: per question, the retrieved passage ids (already cut at k).
-        gold: per question, the gold supporting passage ids; questions without gold are skipped.
+def recall_gate_value(report: Any, k: int) -> float:
+    """Gate metric of a ``retrieval.recall.RecallReport``: mean any-gold recall@k over the scored datasets.
+
+    Raises:
+        ValueError: when ``k`` was not evaluated or no dataset had gold passages.
     """
-    if len(retrieved) != len(gold):
-        raise ValueError(f"retrieved has {len(retrieved)} rows but gold has {len(gold)}; pass one row per question")
-    scored = [bool(set(r) & set(g)) for r, g in zip(retrieved, gold, strict=True) if g]
-    return sum(scored) / len(scored) if scored else 0.0
-
-
-def load_questions(names: Sequence[str], limit: int | None = None) -> list:
-    """Load shipped eval sets by name (``data/eval/<name>.jsonl``) or path; ``limit`` rows from each.
-
-    Returns:
-        ``evaluation.benchmarks.Question`` records.
-    """
-    from pathlib import Path
-
-    from evaluation.benchmarks import Question
-    from infra import artifacts
-    from infra.errors import DataError
-    from infra.settings import get_settings
-
-    out = []
-    for name in names:
-        path = Path(name) if name.endswith(".jsonl") else get_settings().data_dir / "eval" / f"{name}.jsonl"
-        if not path.exists():
-            raise DataError(f"eval set {name!r} not found at {path}; use a name from data/eval (e.g. hotpotqa_mini)")
-        rows = artifacts.read_jsonl(path)[: limit or None]
-        out.extend(Question.model_validate(r) for r in rows)
-    return out
+    scored = [d for d in report.datasets if d.n]
+    if k not in report.ks or not scored:
+        raise ValueError(f"recall@{k} not available (ks={report.ks}, scored datasets={len(scored)}); "
+                         f"add {k} to evaluation.ks and use eval files with supporting_doc_ids")
+    return sum(d.any_gold[k] for d in scored) / len(scored)

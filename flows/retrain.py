@@ -1,9 +1,11 @@
 """``retrain`` flow: scheduled retraining triggered by corpus changes.
 
-check corpus hash -> (unchanged: fast no-op that says so) -> per-passage diff -> rebuild the index of the updated
-corpus -> evaluate candidate vs incumbent (the live retriever when ``retriever_url`` is set, else the previous
-index) -> promotion gate -> (hook) retrain the model from the current ``champion`` -> MLflow run + a markdown
-artifact on the flow run saying why -> commit the corpus state (last).
+check corpus hash -> (unchanged: fast no-op that says so) -> per-passage diff (added / changed / deleted) -> build
+the index of the updated corpus (``retrieval.index``: any backend; BM25 statistics are corpus-wide, so the index is
+rebuilt; a dense build resumes from finished shards) -> recall of candidate vs incumbent (the live retriever when
+``retriever_url`` is set, else the previous champion index) -> promotion gate -> (hook) retrain the model from the
+current ``champion`` -> one MLflow run + a markdown artifact on the flow run saying why -> commit the corpus state
+(last: if anything before fails, e.g. MLflow is down, the next run redoes only what has no manifest).
 
 Deploy it on a schedule with ``searchloop deploy register`` (interval from ``RetrainConfig``), or run it once with
 ``searchloop deploy run retrain``.
@@ -17,10 +19,13 @@ from typing import Literal
 from prefect import flow, get_run_logger
 from pydantic import Field
 
+from evaluation.gate import recall_gate_value
 from infra import artifacts
 from infra.config import StrictModel
 from infra.settings import get_settings
 from retrieval.corpus import shipped_corpus
+from retrieval.index import IndexBuildConfig
+from retrieval.recall import RecallConfig, RecallReport
 from tasks import ops
 
 TRAINER_HOOKS = {"em_loop": "flows.em_loop", "rl_finetune": "flows.rl_finetune"}
@@ -32,9 +37,13 @@ class RetrainConfig(StrictModel):
     name: str = Field(default="default", description="Name of this watch; its state lives under state_root/name.")
     corpus: str = Field(default=str(shipped_corpus("mini")), description="Corpus jsonl to watch (path or s3://).")
     state_root: str | None = Field(default=None, description="Where watch state and indexes live (default home).")
-    eval_sets: list[str] = Field(default=["hotpotqa_mini"], description="Eval sets (data/eval names or paths).")
-    eval_limit: int = Field(default=50, ge=1, description="Questions per eval set.")
-    top_k: int = Field(default=5, ge=1, description="k of the recall@k gate metric.")
+    index: IndexBuildConfig | None = Field(
+        default=None, description="Index build settings (backend, encoder...); its corpus is replaced by `corpus`."
+    )
+    evaluation: RecallConfig = Field(
+        default_factory=lambda: RecallConfig(ks=[5]), description="Eval files and cut-offs for the recall gate."
+    )
+    top_k: int = Field(default=5, ge=1, description="k of the recall@k gate metric (must be in evaluation.ks).")
     min_delta: float = Field(default=-0.02, description="Gate: candidate >= incumbent + min_delta to promote.")
     retriever_url: str | None = Field(default=None, description="Live retriever serving the incumbent index.")
     trainer: Literal["none", "em_loop", "rl_finetune"] = Field(
@@ -74,11 +83,11 @@ def _model_hook(cfg: RetrainConfig, index_dir: str) -> str:
     return str(hook(index_dir=index_dir, preset=cfg.preset))
 
 
-def _incumbent(cfg: RetrainConfig, previous_index: str | None) -> float | None:
+def _incumbent(cfg: RetrainConfig, previous_index: str | None) -> RecallReport | None:
     if cfg.retriever_url:
-        return ops.evaluate_live_retriever(cfg.retriever_url, cfg.eval_sets, cfg.top_k, cfg.eval_limit)
+        return ops.evaluate_live_retriever(cfg.retriever_url, cfg.evaluation)
     if previous_index and artifacts.read_manifest(previous_index) is not None:
-        return ops.evaluate_index(previous_index, cfg.eval_sets, cfg.top_k, cfg.eval_limit)
+        return ops.evaluate_index(previous_index, cfg.evaluation)
     return None
 
 
@@ -95,22 +104,26 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: 
     diff = ops.diff_corpus(config.corpus, state_dir)
     log.info("corpus changed (%s -> %s): %s", (check.previous_sha256 or "none")[:12], check.sha256[:12], diff.counts())
     index_dir = artifacts.join(state_dir, "indexes", check.sha256[:16])
-    manifest = ops.build_index(config.corpus, index_dir, diff, check.sha256, check.previous_index)
-    candidate = ops.evaluate_index(index_dir, config.eval_sets, config.top_k, config.eval_limit)
-    incumbent = _incumbent(config, check.previous_index)
+    build_cfg = (config.index or IndexBuildConfig(corpus=config.corpus)).model_copy(update={"corpus": config.corpus})
+    ref = ops.build_index(build_cfg, index_dir)
+    report = ops.evaluate_index(index_dir, config.evaluation)
+    incumbent_report = _incumbent(config, check.previous_index)
+    candidate = recall_gate_value(report, config.top_k)
+    incumbent = recall_gate_value(incumbent_report, config.top_k) if incumbent_report else None
     decision = ops.gate(f"recall_at_{config.top_k}", candidate, incumbent, config.min_delta)
     model_note = _model_hook(config, index_dir) if decision.promote else "model retraining skipped: gate rejected"
     champion = index_dir if decision.promote else check.previous_index
     record = {"corpus": config.corpus, "sha256": check.sha256, "diff": diff.counts(), "index_dir": index_dir,
-              "index_reused": manifest.get("reused", False), "decision": decision.model_dump(),
-              "champion_index": champion, "model": model_note}
+              "index_reused": ref.reused, "decision": decision.model_dump(), "champion_index": champion,
+              "model": model_note}
     run_id = ops.log_to_mlflow(
         f"retrain-{config.name}", config.experiment, params=config.model_dump(mode="json"),
         metrics={**{f"diff_{k}": v for k, v in diff.counts().items()}, "candidate_recall": candidate,
                  **({"incumbent_recall": incumbent} if incumbent is not None else {}),
-                 "promoted": float(decision.promote)},
+                 "promoted": float(decision.promote), "n_passages": ref.n_passages, "index_reused": float(ref.reused),
+                 **{f"time.{k}": v for k, v in ref.timings.items()}, **report.metrics()},
         tags={"decision": "promoted" if decision.promote else "rejected", "reason": decision.reason[:500],
-              "model": model_note[:500], **ops.flow_run_info()},
+              "model": model_note[:500], "backend": ref.backend, **ops.flow_run_info()},
         record=record,
     )
     status = "promoted" if decision.promote else "rejected"
@@ -119,7 +132,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: 
     ops.commit_state(state_dir, check, config.corpus, index_dir, {"champion_index": champion, "mlflow_run_id": run_id})
     log.info(msg)
     return RetrainResult(status=status, message=msg, corpus_sha256=check.sha256, index_dir=index_dir,
-                         index_reused=bool(manifest.get("reused")), mlflow_run_id=run_id)
+                         index_reused=ref.reused, mlflow_run_id=run_id)
 
 
 def _markdown(record: dict, msg: str) -> str:

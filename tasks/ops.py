@@ -1,6 +1,7 @@
 """Prefect tasks for operations: corpus checks, index refresh, evaluation, the promotion gate, MLflow records.
 
-Thin wrappers: the work lives in ``retrieval.sync``, ``evaluation.gate`` and ``infra.tracking``; retries,
+Thin wrappers: the work lives in ``retrieval.sync``, ``retrieval.index``, ``retrieval.recall``, ``evaluation.gate``
+and ``infra.tracking``; retries,
 timeouts and tags are declared here. The live-retriever query retries through connection errors, so a retriever
 that is restarted mid-run costs a retry, not the flow.
 """
@@ -15,11 +16,13 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.context import get_run_context
 
-from evaluation.gate import GateDecision, decide_promotion, load_questions, recall_at_k
+from evaluation.gate import GateDecision, decide_promotion
 from infra import artifacts, proc
 from infra.errors import SearchloopError
-from retrieval import sync
+from retrieval import index, recall, sync
 from retrieval.corpus import read_corpus
+from retrieval.index import IndexBuildConfig, IndexRef
+from retrieval.recall import RecallConfig, RecallReport
 
 
 class TrackingUnavailable(SearchloopError):
@@ -39,26 +42,28 @@ def diff_corpus(corpus: str, state_dir: str) -> sync.CorpusDiff:
     return diff
 
 
-@task(name="build-index", retries=1, retry_delay_seconds=5, timeout_seconds=3600)
-def build_index(corpus: str, out_dir: str, diff: sync.CorpusDiff, sha256: str, previous: str | None) -> dict:
-    """Build (or reuse, when its manifest exists) the BM25 index of the current corpus."""
-    return sync.build_bm25_index(read_corpus(corpus), out_dir, diff, sha256, previous)
+@task(name="build-index", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
+def build_index(cfg: IndexBuildConfig, out_dir: str) -> IndexRef:
+    """Build the index of the current corpus (any backend); an identical finished index is reused, a crashed
+    dense build resumes from its finished shards."""
+    return index.build_index(cfg, out_dir)
 
 
 @task(name="evaluate-index", retries=1, retry_delay_seconds=2)
-def evaluate_index(index_dir: str, eval_sets: list[str], k: int, limit: int) -> float:
-    """Any-gold recall@k of a local index on the eval questions."""
-    questions = load_questions(eval_sets, limit)
-    ids = sync.search_ids_local(index_dir, [q.question for q in questions], k)
-    return recall_at_k(ids, [q.supporting_doc_ids for q in questions])
+def evaluate_index(index_dir: str, cfg: RecallConfig) -> RecallReport:
+    """Recall@k of a finished index directory on the eval files."""
+    return recall.evaluate_index_recall(index_dir, cfg)
 
 
-@task(name="evaluate-live-retriever", retries=6, retry_delay_seconds=[1, 2, 4, 8, 8, 8], timeout_seconds=300)
-def evaluate_live_retriever(url: str, eval_sets: list[str], k: int, limit: int) -> float:
-    """Any-gold recall@k of the index the live retriever serves (the incumbent); retried through restarts."""
-    questions = load_questions(eval_sets, limit)
-    ids = sync.search_ids_http(url, [q.question for q in questions], k)
-    return recall_at_k(ids, [q.supporting_doc_ids for q in questions])
+@task(name="evaluate-live-retriever", retries=6, retry_delay_seconds=[1, 2, 4, 8, 8, 8], timeout_seconds=600)
+def evaluate_live_retriever(url: str, cfg: RecallConfig) -> RecallReport:
+    """Recall@k of the index a live retriever serves (the incumbent). The client retries briefly itself; a
+    retriever that stays down longer (killed, restarting) fails the attempt and the task retries."""
+    from retrieval.client import RetrieverClient
+
+    examples = [ex for f in cfg.files for ex in recall.load_examples(index.resolve_data_path(f))]
+    with RetrieverClient(url, timeout=30, retries=2, backoff_s=0.25) as client:
+        return recall.evaluate_recall(client, examples, cfg.ks, cfg.batch_size, index_name=url)
 
 
 @task(name="promotion-gate")

@@ -104,14 +104,14 @@ def corpus_copy(tmp_path: Path) -> Path:
 
 @pytest.fixture()
 def retriever_service(tmp_path: Path):
-    """Factory: serve a BM25 index directory with the test retriever; stopped after the test."""
+    """Factory: serve an index directory with the real retriever (`searchloop serve retriever`); stopped after."""
     started: list[tuple[Path, str]] = []
 
     def spec_for(index_dir: str, port: int) -> proc.ServiceSpec:
         return proc.ServiceSpec(
-            name="retriever", argv=[sys.executable, str(REPO / "tests" / "ops" / "retriever_app.py"), index_dir,
-                                    str(port)],
-            health_url=f"http://127.0.0.1:{port}/health", cwd=str(REPO),
+            name="retriever",
+            argv=[sys.executable, "-m", "flows.cli", "serve", "retriever", "--index", index_dir, "--port", str(port)],
+            health_url=f"http://127.0.0.1:{port}/health", cwd=str(REPO), env={"PYTHONPATH": str(REPO)},
         )
 
     def start(index_dir: str, port: int | None = None) -> tuple[proc.ServiceSpec, Path]:

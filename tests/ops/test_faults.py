@@ -12,17 +12,14 @@ import pytest
 from flows import deployments
 from infra import artifacts, proc, stack
 from retrieval import sync
-from retrieval.corpus import read_corpus
+from retrieval.index import IndexBuildConfig, build_index
 from tests.ops.helpers import flow_run, mlflow_runs, task_runs, wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def _champion_index(corpus: Path, out: Path) -> str:
-    passages = read_corpus(corpus)
-    diff = sync.diff_passages({}, sync.passage_hashes(passages))
-    sync.build_bm25_index(passages, out, diff, artifacts.file_sha256(corpus))
-    return str(out)
+    return build_index(IndexBuildConfig(corpus=str(corpus)), out).uri
 
 
 def test_retriever_killed_mid_run_task_retries_and_flow_completes(ops_stack, corpus_copy, tmp_path,
@@ -31,7 +28,7 @@ def test_retriever_killed_mid_run_task_retries_and_flow_completes(ops_stack, cor
     spec, run_dir = retriever_service(index)
     url = spec.health_url.removesuffix("/health")
     params = {"config": {"corpus": str(corpus_copy), "state_root": str(tmp_path / "state"), "name": "fault",
-                         "retriever_url": url, "eval_limit": 20}}
+                         "retriever_url": url}}
     with ops_stack.client_env():
         run_id = deployments.submit("retrain/default", params)
         # the worker has taken the run: kill the retriever the run depends on (SIGKILL, whole process group)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.gate import decide_promotion, recall_at_k
+from evaluation.gate import decide_promotion, recall_gate_value
 from infra import proc
 from infra.errors import ConfigError
 from retrieval import sync
@@ -22,10 +22,17 @@ def test_gate_promotes_without_incumbent_and_respects_min_delta():
     assert not decide_promotion("f1", 0.81, 0.80, min_delta=0.05).promote
 
 
-def test_recall_at_k_skips_questions_without_gold():
-    assert recall_at_k([["a", "b"], ["c"], ["x"]], [["b"], ["d"], []]) == 0.5
-    with pytest.raises(ValueError, match="one row per question"):
-        recall_at_k([["a"]], [])
+def test_recall_gate_value_averages_scored_datasets():
+    from retrieval.recall import DatasetRecall, RecallReport
+
+    def ds(name: str, n: int, r5: float) -> DatasetRecall:
+        return DatasetRecall(dataset=name, n=n, skipped=0, any_gold={5: r5}, all_gold={5: 0.0},
+                             mean_fraction={5: 0.0})
+
+    report = RecallReport(index="x", ks=[5], datasets=[ds("a", 10, 0.8), ds("b", 5, 0.4), ds("bamboogle", 0, 0.0)])
+    assert recall_gate_value(report, 5) == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="recall@10 not available"):
+        recall_gate_value(report, 10)
 
 
 def test_diff_passages_sorts_added_changed_deleted():
