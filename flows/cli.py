@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 def _register_commands() -> None:
