@@ -36,7 +36,10 @@ _register_commands()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point (sets the embedded defaults before any engine is imported)."""
+    from infra.settings import apply_embedded_environment
+
+    apply_embedded_environment()
     try:
         app(args=argv, standalone_mode=True)
     except SearchloopError as exc:
