@@ -191,9 +191,9 @@ def judge_answers(items: Sequence[JudgeItem], config: JudgeConfig | None = None)
         log.info(SKIP_MESSAGE)
         return JudgeResult(skipped=True, message=SKIP_MESSAGE)
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    with httpx.Client(base_url=config.base_url.rstrip("/"), headers=headers, timeout=config.timeout_s) as client:
-        with ThreadPoolExecutor(max_workers=max(1, config.concurrency)) as pool:
-            verdicts = list(pool.map(lambda it: _ask(client, config, it), items))
+    client = httpx.Client(base_url=config.base_url.rstrip("/"), headers=headers, timeout=config.timeout_s)
+    with client, ThreadPoolExecutor(max_workers=max(1, config.concurrency)) as pool:
+        verdicts = list(pool.map(lambda it: _ask(client, config, it), items))
     failed = sum(1 for v in verdicts if v.correct is None)
     message = f"judged {len(verdicts)} items with {config.model} ({config.prompt} prompt); {failed} without verdict"
     return JudgeResult(skipped=False, message=message, verdicts=verdicts)
