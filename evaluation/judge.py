@@ -147,6 +147,20 @@ def parse_verdict(text: str, prompt: JudgePrompt) -> bool | None:
     return {"correct": True, "incorrect": False}.get(judgement)
 
 
+def verdict_from_value(value: object) -> bool | None:
+    """A stored judge verdict (e.g. R1-Searcher's ``gpt4o_output`` "True"/"False", ReSearch's
+    ``{"judgement": "correct"}`` or a bool) as True/False; None when unreadable."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, dict):
+        value = value.get("judgement", "")
+    text = str(value).strip()
+    word = {"true": True, "correct": True, "false": False, "incorrect": False}.get(text.lower())
+    if word is not None:
+        return word
+    return parse_verdict(text, "research") if text.startswith("{") else parse_verdict(text, "r1searcher")
+
+
 def _ask(client, config: JudgeConfig, item: JudgeItem) -> JudgeVerdict:
     import httpx
 

@@ -7,7 +7,7 @@ a field of each row or, joined by id, from a benchmark file or name (``--gold-fi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from evaluation.benchmarks import dataset_from_path, load_benchmark
-from evaluation.judge import JudgeConfig, JudgeItem, judge_answers
+from evaluation.judge import JudgeConfig, JudgeItem, judge_answers, verdict_from_value
 from evaluation.metrics import Normalization, ScoreTable, aggregate, answer_metrics
 from infra.config import StrictModel
 from infra.errors import DataError
@@ -31,6 +31,9 @@ class PredictionFields(StrictModel):
     gold_field: str = Field(default="golden_answers", description="Gold answers (string or list).")
     question_field: str = Field(default="question", description="Question text (used by the LLM judge).")
     dataset_field: str = Field(default="dataset", description="Dataset name, for the per-dataset table.")
+    judge_field: str | None = Field(
+        default=None, description="Stored LLM-judge verdict (True/False, correct/incorrect) to report as acc_l."
+    )
 
 
 class PredictionRecord(BaseModel):
@@ -43,6 +46,7 @@ class PredictionRecord(BaseModel):
     golden_answers: list[str] = Field(description="Accepted answers.")
     question: str = Field(default="", description="Question text, when known.")
     dataset: str = Field(description="Dataset name.")
+    judge: bool | None = Field(default=None, description="Stored judge verdict, when the file carries one.")
 
 
 class ScoredPredictions(BaseModel):
@@ -117,6 +121,7 @@ def load_predictions(
     fields: PredictionFields | None = None,
     gold_source: str | Path | None = None,
     dataset: str | None = None,
+    extract: Callable[[str], str | None] | None = None,
 ) -> list[PredictionRecord]:
     """Read predictions and attach their golds.
 
@@ -126,6 +131,8 @@ def load_predictions(
         gold_source: benchmark name or file; when given, golds (and missing questions/datasets) are joined from it
             by id and every prediction id must be found there.
         dataset: dataset name for rows without one (default: the gold source's, else the file name's).
+        extract: applied to the prediction field when it holds a whole response (e.g. a protocol's
+            ``extract_answer``); ``None`` from it becomes the empty prediction.
 
     Raises:
         DataError: naming the file, line and missing field, unknown ids or duplicate ids.
@@ -138,6 +145,8 @@ def load_predictions(
     seen: set[str] = set()
     for index, (where, row) in enumerate(_read_rows(path)):
         record = _record(row, where, index, f, gold, str(gold_source), dataset, default_dataset)
+        if extract is not None:
+            record = record.model_copy(update={"prediction": extract(record.prediction) or ""})
         if record.id in seen:
             raise DataError(f"{where}: duplicate id {record.id!r}; ids must be unique")
         seen.add(record.id)
@@ -167,8 +176,12 @@ def _record(row: Any, where: str, index: int, f: PredictionFields, gold: dict | 
     else:
         value = _require(row, f.gold_field, where, "choose it with --gold-field or join golds with --gold-file")
         golds = _as_golds(value, where, f.gold_field)
+    verdict = None
+    if f.judge_field is not None:
+        verdict = verdict_from_value(_require(row, f.judge_field, where, "choose it with --judge-field"))
     return PredictionRecord(
         id=qid,
+        judge=verdict,
         prediction="" if pred is None else str(pred),
         golden_answers=golds,
         question=question if isinstance(question, str) else "",
@@ -200,6 +213,10 @@ def score_predictions(
         for r in records
     ]
     notes = [f"normalization: {normalization}"]
+    if any(r.judge is not None for r in records):
+        for ex, r in zip(examples, records, strict=True):
+            ex["acc_l"] = 1.0 if r.judge else 0.0
+        notes.append("acc_l from the verdicts stored in the predictions file")
     if run_judge:
         items = [JudgeItem(question=r.question, golden_answers=r.golden_answers, prediction=r.prediction)
                  for r in records]

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from infra.errors import SearchloopError
 
-console = Console()
+console = Console(width=max(Console().width, 160))  # keep the table on one line per row when piped
 err_console = Console(stderr=True)
 
 
@@ -19,10 +19,10 @@ def _print_table(scored, title: str) -> None:
     from evaluation.report import RATE_METRICS
 
     table = Table(title=title)
-    table.add_column("dataset")
+    table.add_column("dataset", no_wrap=True)
     table.add_column("n", justify="right")
     for name in scored.table.metric_names:
-        table.add_column(name + (" %" if name in RATE_METRICS else ""), justify="right")
+        table.add_column(name + (" %" if name in RATE_METRICS else ""), justify="right", no_wrap=True)
     for row in scored.table.rows:
         cells = []
         for name in scored.table.metric_names:
@@ -47,6 +47,17 @@ def _write_outputs(scored, out: Path, predictions: Path) -> None:
     console.print(f"wrote {ref.markdown}")
 
 
+def _extractor(protocol: str):
+    import importlib
+
+    from infra.errors import ConfigError
+    from training.protocols.base import PROTOCOLS
+
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"--extract {protocol!r} is not a protocol; choose one of {', '.join(PROTOCOLS)}")
+    return importlib.import_module(f"training.protocols.{protocol}").extract_answer
+
+
 def score(
     predictions: Annotated[Path, typer.Argument(help="Predictions file: JSON Lines or a JSON list of objects.")],
     pred_field: Annotated[str, typer.Option(help="Field (dotted path) with the predicted answer.")] = "pred",
@@ -58,9 +69,17 @@ def score(
         str | None, typer.Option(help="Benchmark name or file; golds are joined from it by id.")
     ] = None,
     dataset: Annotated[str | None, typer.Option(help="Dataset name for rows without one.")] = None,
+    extract: Annotated[
+        str | None,
+        typer.Option(help="The pred field holds a whole response: extract the answer as this protocol does "
+                     "(research, searchr1, r1searcher, exsearch, smartsearch)."),
+    ] = None,
     normalization: Annotated[
         str, typer.Option(help="squad | r1searcher | exsearch_released_buggy (broken; reproduction only).")
     ] = "squad",
+    judge_field: Annotated[
+        str | None, typer.Option(help="Field with a stored judge verdict (True/False) reported as acc_l.")
+    ] = None,
     judge: Annotated[bool, typer.Option(help="Also ask the LLM judge (SEARCHLOOP_JUDGE_* env).")] = False,
     judge_prompt: Annotated[str, typer.Option(help="Judge prompt: research | r1searcher.")] = "research",
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the intervals.")] = 1000,
@@ -79,8 +98,9 @@ def score(
         if judge_prompt not in ("research", "r1searcher"):
             raise ConfigError(f"--judge-prompt {judge_prompt!r} must be 'research' or 'r1searcher'")
         fields = PredictionFields(id_field=id_field, pred_field=pred_field, gold_field=gold_field,
-                                  question_field=question_field, dataset_field=dataset_field)
-        records = load_predictions(predictions, fields, gold_source=gold_file, dataset=dataset)
+                                  question_field=question_field, dataset_field=dataset_field, judge_field=judge_field)
+        records = load_predictions(predictions, fields, gold_source=gold_file, dataset=dataset,
+                                   extract=_extractor(extract) if extract else None)
         judge_cfg = judge_config_from_env(judge_prompt) if judge else None  # type: ignore[arg-type]
         scored = score_predictions(records, normalization, judge=judge_cfg, run_judge=judge,  # type: ignore[arg-type]
                                    n_resamples=bootstrap, seed=seed)

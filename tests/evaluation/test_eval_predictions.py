@@ -110,3 +110,40 @@ def test_cli_score_bad_input_exits_2_with_message(tmp_path: Path) -> None:
 
     bad_norm = CliRunner().invoke(app, _cli_args(str(path), "--normalization", "x"))
     assert bad_norm.exit_code == 2 and "not one of" in bad_norm.output
+
+
+def test_stored_judge_verdicts_and_protocol_extraction(tmp_path: Path) -> None:
+    # R1-Searcher's published eval files: question, answer, full trajectory, judge output "True"/"False"
+    rows = [
+        {"question": "q1", "answer": "Paris", "gen_text_store": "x</think><answer> Paris </answer>",
+         "gpt4o_output": "True"},
+        {"question": "q2", "answer": "Rome", "gen_text_store": "x</think> no answer", "gpt4o_output": "False"},
+    ]
+    path = _jsonl(tmp_path / "bamboogle_qwen.jsonl", rows)
+    from training.protocols.r1searcher import extract_answer
+
+    fields = PredictionFields(pred_field="gen_text_store", gold_field="answer", judge_field="gpt4o_output")
+    recs = load_predictions(path, fields, extract=extract_answer)
+    assert [r.prediction for r in recs] == ["Paris", ""] and [r.judge for r in recs] == [True, False]
+    assert [r.id for r in recs] == ["0", "1"] and recs[0].dataset == "bamboogle_qwen"  # index ids; file stem
+    scored = score_predictions(recs, "r1searcher", n_resamples=50)
+    assert [e["acc_l"] for e in scored.examples] == [1.0, 0.0] and [e["cem"] for e in scored.examples] == [1.0, 0.0]
+
+
+def test_verdict_from_value() -> None:
+    from evaluation.judge import verdict_from_value
+
+    assert verdict_from_value(True) is True and verdict_from_value("incorrect") is False
+    assert verdict_from_value({"rationale": "r", "judgement": "correct"}) is True
+    assert verdict_from_value("False, because ...") is False and verdict_from_value("??") is None
+
+
+def test_cli_extract_option(tmp_path: Path) -> None:
+    from flows.cli import app
+
+    rows = [{"id": "a", "response": "<think>t</think><answer> \\boxed{Paris} </answer>", "golden_answers": ["Paris"]}]
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    ok = CliRunner().invoke(app, _cli_args(str(path), "--pred-field", "response", "--extract", "research"))
+    assert ok.exit_code == 0 and "100.0" in ok.output
+    bad = CliRunner().invoke(app, _cli_args(str(path), "--pred-field", "response", "--extract", "nope"))
+    assert bad.exit_code == 2 and "not a protocol" in bad.output
