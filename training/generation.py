@@ -174,10 +174,19 @@ class TransformersGenerator:
             tokenizer.pad_token = tokenizer.eos_token
 
     @classmethod
-    def from_model(cls, model: str, device: str = "auto", batch_size: int = 16, **kwargs: Any) -> TransformersGenerator:
-        """Load ``model`` (name, HF folder or GGUF; see ``training.models.resolve_model``)."""
+    def from_model(
+        cls, model: str, device: str = "auto", batch_size: int = 16, threads: int | None = None, **kwargs: Any
+    ) -> TransformersGenerator:
+        """Load ``model`` (name, HF folder or GGUF; see ``training.models.resolve_model``).
+
+        ``threads`` sets torch's intra-op threads (process-wide); 1 is much faster on an oversubscribed CPU.
+        """
         from training.models import load_model
 
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         lm, tok = load_model(model, device=device, **kwargs)
         return cls(lm, tok, batch_size=batch_size)
 

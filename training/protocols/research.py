@@ -112,7 +112,7 @@ class ReSearchProtocol(SearchProtocol):
     def build_prompt(self, question: str, tokenizer: Any | None = None) -> str:
         """Instruct: system template + question through the chat template; base: the plain template."""
         if self.template == "base":
-            return self.base_template.format(question=question)
+            return self.base_template.replace("{question}", question)
         return chat_prompt(tokenizer, self.system_template, question)
 
     def on_completion(self, state: AgentState, completion: Completion) -> str | None:
