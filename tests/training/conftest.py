@@ -71,3 +71,55 @@ def bm25(mini_corpus_path):
     from retrieval.corpus import iter_corpus
 
     return BM25Searcher.build(list(iter_corpus(mini_corpus_path)))
+
+
+QUESTIONS = [
+    ("q1", "Who directed the film Ed Wood?", ["Tim Burton"]),
+    ("q2", "Were Scott Derrickson and Ed Wood of the same nationality?", ["yes"]),
+]
+
+# Scripted model outputs per protocol: a search, then (for some) an invalid step, then an answer.
+SCRIPTS = {
+    "research": [
+        "<think> I need the director. </think> <search> Ed Wood film director </search> ignored tail",
+        "<think> It is Tim Burton. </think> <answer> The final answer is \\[ \\boxed{Tim Burton} \\] </answer><EOS>",
+    ],
+    "smartsearch": [
+        " need the director </think>\n<search> Ed Wood film </search>",
+        "<think> ok </think> <answer> \\boxed{Tim Burton} </answer><EOS>",
+    ],
+    "searchr1": [
+        "<think> x </think>\n<search> Ed Wood director </search>",
+        "no action here",
+        "<think> y </think>\n<answer> Tim Burton </answer> trailing",
+    ],
+    "r1searcher": [
+        " I search <|begin_of_query|> Ed Wood director<|end_of_query|>",
+        "Found it. </think>\n\n<answer> Tim Burton </answer>",
+    ],
+    "exsearch": [
+        "<QUERY> Who directed Ed Wood?<SEARCH>",
+        "<FACT> Tim Burton\n<QUERY> When was Tim Burton born?\n<SEARCH>",
+        "<FACT> 1958\n<FINAL>\n<SEARCH>",
+        "Tim Burton<EOS>",
+    ],
+}
+
+
+@pytest.fixture()
+def questions():
+    """Two real mini-corpus questions."""
+    from evaluation.benchmarks import Question
+
+    return [Question(id=i, question=q, golden_answers=a, dataset="hotpotqa") for i, q, a in QUESTIONS]
+
+
+@pytest.fixture()
+def scripted(smol_tokenizer):
+    """Factory: a ScriptedGenerator replaying ``SCRIPTS[protocol]`` for every question."""
+
+    def make(protocol: str, script: list[str] | None = None) -> ScriptedGenerator:
+        steps = script if script is not None else SCRIPTS[protocol]
+        return ScriptedGenerator({q: steps for _, q, _ in QUESTIONS}, smol_tokenizer)
+
+    return make

@@ -36,10 +36,10 @@ def test_parsers_and_validators_never_crash(text: str) -> None:
     last_boxed(text)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(st.integers(min_value=1, max_value=3), st.sampled_from(TAGS))
 def test_huge_outputs(repeat_k: int, tag: str) -> None:
-    text = (tag + "x" * 1000) * (200 * repeat_k)
+    text = (tag + "x" * 1000) * (40 * repeat_k)
     for module in MODULES:
         assert isinstance(module.validate(text), FormatCheck)
         module.extract_answer(text)
