@@ -22,6 +22,7 @@ class ScriptedGenerator:
         self.tokenizer = tokenizer
         self.calls: dict[str, int] = {}
         self.batches: list[int] = []
+        self.samplings: list[SamplingParams] = []
 
     def _marker(self, prompt: str) -> str:
         hits = [m for m in self.scripts if m in prompt]
@@ -31,6 +32,7 @@ class ScriptedGenerator:
 
     def generate(self, prompts: list[str], sampling: SamplingParams, max_tokens=None) -> list[Completion]:
         self.batches.append(len(prompts))
+        self.samplings.append(sampling)
         out = []
         for p in prompts:
             key = self._marker(p)
@@ -123,3 +125,26 @@ def scripted(smol_tokenizer):
         return ScriptedGenerator({q: steps for _, q, _ in QUESTIONS}, smol_tokenizer)
 
     return make
+
+
+class CountingSearcher:
+    """Wraps a real searcher and records every batch call (to check one retriever call per step)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.calls = inner, getattr(inner, "name", "wrapped"), []
+
+    def search(self, queries: list[str], k: int):
+        self.calls.append((list(queries), k))
+        return self.inner.search(queries, k)
+
+
+@pytest.fixture(scope="session")
+def live_retriever(bm25):
+    """A real retriever server (FastAPI + uvicorn on 127.0.0.1, ephemeral port) over the mini-corpus BM25 index,
+    and a ``RetrieverClient`` talking to it over HTTP."""
+    from retrieval.client import RetrieverClient
+    from retrieval.server import create_app, serve_in_thread
+
+    with serve_in_thread(create_app(bm25)) as url:
+        client = RetrieverClient(url, timeout=60.0)
+        yield client

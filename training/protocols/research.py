@@ -117,10 +117,11 @@ class ReSearchProtocol(SearchProtocol):
 
     def on_completion(self, state: AgentState, completion: Completion) -> str | None:
         """Stop on ``</search>`` -> search (unless this was the last pass); EOS/other stop -> done; length -> done."""
+        final = self.last_pass(state)
         self._record(state, completion, completion.text)
         state.n_passes += 1
         if completion.finish_reason == "stop" and completion.stop == SEARCH_STOP:
-            if self.last_pass(state):
+            if final:
                 state.finish("max_turns")
                 return None
             return extract_query(completion.text) or ""
