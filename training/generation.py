@@ -115,7 +115,7 @@ def regroup(candidates: list[Completion], n_prompts: int, sampling: SamplingPara
     out: list[Completion] = []
     for p in range(n_prompts):
         group = candidates[p * k : (p + 1) * k]
-        out.extend(select_best(group, sampling.n) if k > sampling.n else group)
+        out.extend(select_best(group, sampling.n) if sampling.best_of is not None else group)
     return out
 
 
@@ -216,7 +216,7 @@ class TransformersGenerator:
             for i, comp in zip(idx, batch, strict=True):
                 out[i] = comp
         done = [c for c in out if c is not None]
-        if sampling.logprobs or k > sampling.n:
+        if sampling.logprobs or sampling.best_of is not None:
             self._score(rows, done)
         return regroup(done, len(prompts), sampling)
 

@@ -104,7 +104,7 @@ class OpenAICompatibleGenerator:
             body["seed"] = sampling.seed
         if sampling.stop:
             body["stop"] = list(sampling.stop)
-        if sampling.logprobs or sampling.candidates > sampling.n:
+        if sampling.logprobs or sampling.best_of is not None:
             body["logprobs"] = 1 if self.mode == "completions" else True
         if self.vllm_extras:
             body.update(include_stop_str_in_output=True, return_token_ids=True, skip_special_tokens=True)

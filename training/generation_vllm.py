@@ -44,7 +44,7 @@ class VLLMGenerator:
         if not prompts:
             return []
         k = sampling.candidates
-        want_lp = sampling.logprobs or k > sampling.n
+        want_lp = sampling.logprobs or sampling.best_of is not None
         params = [
             VSP(n=k, temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed, max_tokens=mt,
                 stop=list(sampling.stop) or None, include_stop_str_in_output=True, logprobs=0 if want_lp else None)

@@ -148,3 +148,11 @@ def live_retriever(bm25):
     with serve_in_thread(create_app(bm25)) as url:
         client = RetrieverClient(url, timeout=60.0)
         yield client
+
+
+@pytest.fixture(scope="session")
+def smol_generator(smol_path):
+    """The real SmolLM2-135M transformers generator on CPU (one torch thread: the test machine is shared)."""
+    from training.generation import TransformersGenerator
+
+    return TransformersGenerator.from_model(str(smol_path), device="cpu", threads=1, batch_size=8)

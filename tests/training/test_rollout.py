@@ -111,13 +111,6 @@ class _FirstStepScripted:
         return self.real.generate(prompts, sampling, max_tokens)
 
 
-@pytest.fixture(scope="module")
-def smol_generator(smol_path):
-    from training.generation import TransformersGenerator
-
-    return TransformersGenerator.from_model(str(smol_path), device="cpu", threads=1)
-
-
 @pytest.mark.slow
 def test_live_rollout_real_model_over_http(smol_generator, live_retriever, questions) -> None:
     gen = _FirstStepScripted(smol_generator, "<think> Let me search. </think> <search> Ed Wood film director </search>")
