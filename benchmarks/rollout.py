@@ -163,7 +163,8 @@ def _print(res: dict[str, float], args: argparse.Namespace) -> None:
     console.print(table)
     console.print(f"batched run: {res['searches_batched']} searches; generate calls "
                   f"{res['seconds_generate_in_batched']:.1f} s, retriever calls "
-                  f"{res['seconds_search_in_batched']:.2f} s, engine bookkeeping (parsing, insertion, masks) {res['seconds_engine_other_in_batched']:.2f} s")
+                  f"{res['seconds_search_in_batched']:.2f} s, engine bookkeeping (parsing, insertion, masks) "
+                  f"{res['seconds_engine_other_in_batched']:.2f} s")
     console.print(f"batched vs sequential: [bold]{res['speedup_vs_sequential']:.2f}x[/] (target >= 5x)")
     console.print(f"search overhead vs raw generation (time per token): "
                   f"[bold]{100 * res['search_overhead_vs_raw']:+.1f}%[/] (target <= 20%)")
