@@ -115,7 +115,7 @@ def regroup(candidates: list[Completion], n_prompts: int, sampling: SamplingPara
     out: list[Completion] = []
     for p in range(n_prompts):
         group = candidates[p * k : (p + 1) * k]
-        out.extend(select_best(group, sampling.n) if k > sampling.n else group)
+        out.extend(select_best(group, sampling.n) if sampling.best_of is not None else group)
     return out
 
 
@@ -133,6 +133,20 @@ def load_generator(backend: str, model: str, **kwargs: Any) -> Generator:
     module, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module), attr)
     return cls.from_model(model, **kwargs)
+
+
+def length_buckets(lengths: list[int], batch_size: int, ratio: float | None) -> list[list[int]]:
+    """Indices grouped into batches of increasing length: at most ``batch_size`` each and, when ``ratio`` is set,
+    no member longer than ``ratio`` x the batch's shortest."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    buckets: list[list[int]] = []
+    for i in order:
+        cur = buckets[-1] if buckets else None
+        if cur is None or len(cur) >= batch_size or (ratio and lengths[i] > ratio * max(1, lengths[cur[0]])):
+            buckets.append([i])
+        else:
+            cur.append(i)
+    return buckets
 
 
 class _StopCriteria:
@@ -164,22 +178,36 @@ class TransformersGenerator:
         model: a causal LM (``AutoModelForCausalLM``).
         tokenizer: its tokenizer (EOS/pad fixed, see ``training.models``).
         batch_size: rows per forward batch.
+        bucket_ratio: rows are sorted by length and a batch is closed when the next prompt is longer than
+            ``bucket_ratio`` x its shortest (less left padding to prefill; on CPU prefill dominates after document
+            insertion). None = fixed batches (better on GPU, where decode steps dominate).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16) -> None:
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, bucket_ratio: float | None = 1.5) -> None:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.bucket_ratio = bucket_ratio
         self.eos_token: str | None = tokenizer.eos_token
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
 
     @classmethod
-    def from_model(cls, model: str, device: str = "auto", batch_size: int = 16, **kwargs: Any) -> TransformersGenerator:
-        """Load ``model`` (name, HF folder or GGUF; see ``training.models.resolve_model``)."""
+    def from_model(
+        cls, model: str, device: str = "auto", batch_size: int = 16, threads: int | None = None, **kwargs: Any
+    ) -> TransformersGenerator:
+        """Load ``model`` (name, HF folder or GGUF; see ``training.models.resolve_model``).
+
+        ``threads`` sets torch's intra-op threads (process-wide); 1 is much faster on an oversubscribed CPU.
+        """
         from training.models import load_model
 
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         lm, tok = load_model(model, device=device, **kwargs)
-        return cls(lm, tok, batch_size=batch_size)
+        on_cpu = next(lm.parameters()).device.type == "cpu"
+        return cls(lm, tok, batch_size=batch_size, bucket_ratio=1.5 if on_cpu else None)
 
     @property
     def device(self) -> Any:
@@ -199,15 +227,13 @@ class TransformersGenerator:
         budgets = [b for b in (max_tokens or [sampling.max_tokens] * len(prompts)) for _ in range(k)]
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         out: list[Completion | None] = [None] * len(rows)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
+        for idx in length_buckets([len(r) for r in rows], self.batch_size, self.bucket_ratio):
             batch = self._generate_batch([rows[i] for i in idx], [budgets[i] for i in idx], sampling)
             for i, comp in zip(idx, batch, strict=True):
                 out[i] = comp
         done = [c for c in out if c is not None]
-        if sampling.logprobs or k > sampling.n:
+        if sampling.logprobs or sampling.best_of is not None:
             self._score(rows, done)
         return regroup(done, len(prompts), sampling)
 
