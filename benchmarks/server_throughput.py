@@ -12,7 +12,7 @@ Queries are unique within each run (dev questions), and the cache is off, so no 
 CPU time per query is reported for the server process and for the load generator: on a small shared machine the
 httpx clients compete with the server for the same cores, and the CPU figures stay meaningful when wall-clock
 throughput is disturbed by other work. Threads: torch intra-op threads (``--torch-threads``, default 1; spinning
-OpenMP threads collapse on an oversubscribed CPU) and ``--workers`` parallel batches (default 2) apply alike to the
+OpenMP threads collapse on an oversubscribed CPU) and ``--workers`` parallel batches (default 1) apply alike to the
 in-process reference (that many threads each searching one big batch) and to the batching server.
 
     PYTHONPATH=. nice -n 10 python benchmarks/server_throughput.py [--backends dense,bm25] [--passages 1000]
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built indexes here.")
     p.add_argument("--torch-threads", type=int, default=1, help="Intra-op threads, in-process and in the servers.")
-    p.add_argument("--workers", type=int, default=2, help="Parallel batches: server micro-batch workers and "
+    p.add_argument("--workers", type=int, default=1, help="Parallel batches: server micro-batch workers and "
                    "in-process threads (the baseline server always uses its 8-thread pool).")
     args = p.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
