@@ -23,8 +23,7 @@ from evaluation.gate import recall_gate_value
 from infra import artifacts
 from infra.config import StrictModel
 from infra.settings import get_settings
-from retrieval.corpus import shipped_corpus
-from retrieval.index import IndexBuildConfig
+from retrieval.index import IndexBuildConfig, resolve_data_path
 from retrieval.recall import RecallConfig, RecallReport
 from tasks import ops
 
@@ -35,7 +34,9 @@ class RetrainConfig(StrictModel):
     """Parameters of the scheduled retraining flow (the Prefect UI form is generated from this model)."""
 
     name: str = Field(default="default", description="Name of this watch; its state lives under state_root/name.")
-    corpus: str = Field(default=str(shipped_corpus("mini")), description="Corpus jsonl to watch (path or s3://).")
+    corpus: str = Field(
+        default="data/corpus/mini.jsonl", description="Corpus jsonl to watch (path, repo-relative path or s3://)."
+    )
     state_root: str | None = Field(default=None, description="Where watch state and indexes live (default home).")
     index: IndexBuildConfig | None = Field(
         default=None, description="Index build settings (backend, encoder...); its corpus is replaced by `corpus`."
@@ -95,6 +96,7 @@ def _incumbent(cfg: RetrainConfig, previous_index: str | None) -> RecallReport |
 def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: B008 - frozen model default
     """Check the corpus and, when it changed, refresh the index and run the promotion gate."""
     log = get_run_logger()
+    config = config.model_copy(update={"corpus": resolve_data_path(config.corpus)})
     state_dir = _state_dir(config)
     check = ops.check_corpus(config.corpus, state_dir)
     if not check.changed:
