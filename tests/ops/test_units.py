@@ -81,3 +81,17 @@ def test_schedule_option_parsing():
     assert _parse_schedules(["retrain=3600", "evaluate=0 3 * * *"]) == {"retrain": 3600.0, "evaluate": "0 3 * * *"}
     with pytest.raises(ConfigError, match="flow=SECONDS"):
         _parse_schedules(["retrain"])
+
+
+def test_up_refuses_a_port_taken_by_someone_else(tmp_path: Path):
+    import socket
+
+    from infra import stack
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        cfg = stack.StackConfig(home=tmp_path, prefect_port=s.getsockname()[1], mlflow_port=proc.free_port())
+        with pytest.raises(proc.ServiceError, match="is taken by another process"):
+            stack.up(cfg)
+    assert not list(tmp_path.glob("run/*.pid"))  # nothing was started
