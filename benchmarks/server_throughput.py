@@ -12,7 +12,7 @@ Queries are unique within each run (dev questions), and the cache is off, so no 
 CPU time per query is reported for the server process and for the load generator: on a small shared machine the
 httpx clients compete with the server for the same cores, and the CPU figures stay meaningful when wall-clock
 throughput is disturbed by other work. Threads: torch intra-op threads (``--torch-threads``, default 1; spinning
-OpenMP threads collapse on an oversubscribed CPU) and ``--workers`` parallel batches (default 2) apply alike to the
+OpenMP threads collapse on an oversubscribed CPU) and ``--workers`` parallel batches (default 1) apply alike to the
 in-process reference (that many threads each searching one big batch) and to the batching server.
 
     PYTHONPATH=. nice -n 10 python benchmarks/server_throughput.py [--backends dense,bm25] [--passages 1000]
@@ -157,6 +157,13 @@ async def _load(url: str, queries: list[str], clients: int, k: int, pid: int) ->
     }
 
 
+def _stats(url: str) -> dict[str, Any]:
+    from retrieval.client import RetrieverClient
+
+    with RetrieverClient(url, retries=2) as client:
+        return client.health()["stats"]
+
+
 def http_rows(url: str, pid: int, queries: list[str], levels: list[int], k: int, min_requests: int) -> dict[int, dict]:
     """Throughput/latency per concurrency level, each level over fresh unique queries."""
     rows = {}
@@ -165,9 +172,15 @@ def http_rows(url: str, pid: int, queries: list[str], levels: list[int], k: int,
         n = max(min_requests, 10 * c)
         chunk = [queries[(offset + i) % len(queries)] for i in range(n)]
         offset += n
+        before = _stats(url)
         rows[c] = r = asyncio.run(_load(url, chunk, c, k, pid))
+        after = _stats(url)
+        calls = after["searcher_calls"] - before["searcher_calls"]
+        r["mean_batch"] = (after["searched_queries"] - before["searched_queries"]) / max(calls, 1)
+        r["load_avg"] = os.getloadavg()[0]
         print(f"  {c:>3} clients: {r['qps']:8.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
-              f"server cpu {r['server_cpu_ms']:.2f} ms/q  client cpu {r['client_cpu_ms']:.2f} ms/q", flush=True)
+              f"server cpu {r['server_cpu_ms']:.2f} ms/q  client cpu {r['client_cpu_ms']:.2f} ms/q  "
+              f"mean batch {r['mean_batch']:.1f}  load avg {r['load_avg']:.1f}", flush=True)
     return rows
 
 
@@ -189,7 +202,7 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
 
 def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
     top = max(levels)
-    print("\nbackend   mode        clients      q/s   p50 ms   p99 ms  server cpu ms/q  client cpu ms/q")
+    print("\nbackend   mode        clients      q/s   p50 ms   p99 ms  server cpu ms/q  client cpu ms/q  batch")
     for res in results:
         print(f"{res['backend']:<9} in-process        -  {res['in_process_qps']:7.1f}        -        -  "
               f"{res['in_process_cpu_ms']:15.2f}                -")
@@ -197,7 +210,8 @@ def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
             for c in levels:
                 r = res[mode][c]
                 print(f"{res['backend']:<9} {mode:<10} {c:>8}  {r['qps']:7.1f}  {r['p50_ms']:7.1f}  "
-                      f"{r['p99_ms']:7.1f}  {r['server_cpu_ms']:15.2f}  {r['client_cpu_ms']:15.2f}")
+                      f"{r['p99_ms']:7.1f}  {r['server_cpu_ms']:15.2f}  {r['client_cpu_ms']:15.2f}  "
+                      f"{r['mean_batch']:5.1f}")
     print()
     for res in results:
         print(f"{res['backend']}: server/in-process at {top} clients = {res['server_vs_in_process']:.2f} "
@@ -216,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built indexes here.")
     p.add_argument("--torch-threads", type=int, default=1, help="Intra-op threads, in-process and in the servers.")
-    p.add_argument("--workers", type=int, default=2, help="Parallel batches: server micro-batch workers and "
+    p.add_argument("--workers", type=int, default=1, help="Parallel batches: server micro-batch workers and "
                    "in-process threads (the baseline server always uses its 8-thread pool).")
     args = p.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]

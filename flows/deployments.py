@@ -114,11 +114,20 @@ def follow(flow_run_id: str, timeout: float = 3600, on_log: Callable[[str], None
     flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)]))
     with get_client(sync_client=True) as client:
 
+        task_names: dict[UUID, str] = {}
+
+        def source(entry: Any) -> str:
+            if entry.task_run_id is None:
+                return ""
+            if entry.task_run_id not in task_names:
+                task_names[entry.task_run_id] = client.read_task_run(entry.task_run_id).name
+            return f"[{task_names[entry.task_run_id]}] "
+
         def drain() -> None:
             for entry in client.read_logs(flt, sort=LogSort.TIMESTAMP_ASC, limit=200, offset=len(seen)):
                 if entry.id not in seen:
                     seen.add(entry.id)
-                    on_log(f"{entry.timestamp:%H:%M:%S} {entry.message}")
+                    on_log(f"{entry.timestamp:%H:%M:%S} {source(entry)}{entry.message}")
 
         while True:
             run = client.read_flow_run(UUID(flow_run_id))
@@ -131,3 +140,15 @@ def follow(flow_run_id: str, timeout: float = 3600, on_log: Callable[[str], None
             if time.monotonic() > deadline:
                 raise TimeoutError(f"flow run {flow_run_id} still {state} after {timeout:.0f} s")
             time.sleep(poll)
+
+
+def run_on_server(flow_name: str, parameters: dict[str, Any] | None = None, deployment: str = "default",
+                  follow_logs: bool = True, on_log: Callable[[str], None] = print, timeout: float = 24 * 3600) -> str:
+    """Submit ``<flow_name>/<deployment>`` to the Prefect server and (optionally) follow it to the end.
+
+    For CLI commands with a ``--deployment`` switch (``searchloop run <flow> --deployment``): returns the final
+    state name (``COMPLETED``...) or ``SUBMITTED`` when not following.
+    """
+    run_id = submit(f"{flow_name}/{deployment}", parameters)
+    on_log(f"submitted flow run {run_id}")
+    return follow(run_id, timeout=timeout, on_log=on_log) if follow_logs else "SUBMITTED"

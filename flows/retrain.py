@@ -23,19 +23,24 @@ from evaluation.gate import recall_gate_value
 from infra import artifacts
 from infra.config import StrictModel
 from infra.settings import get_settings
-from retrieval.corpus import shipped_corpus
-from retrieval.index import IndexBuildConfig
+from retrieval.index import IndexBuildConfig, resolve_data_path
 from retrieval.recall import RecallConfig, RecallReport
 from tasks import ops
 
-TRAINER_HOOKS = {"em_loop": "flows.em_loop", "rl_finetune": "flows.rl_finetune"}
+# trainer -> (module, flow function, override pointing the trainer's retriever at the new corpus)
+TRAINERS = {
+    "em_loop": ("flows.em_loop", "em_loop", "retriever.corpus=['{corpus}']"),
+    "rl_finetune": ("flows.rl_finetune", "rl_finetune", None),
+}
 
 
 class RetrainConfig(StrictModel):
     """Parameters of the scheduled retraining flow (the Prefect UI form is generated from this model)."""
 
     name: str = Field(default="default", description="Name of this watch; its state lives under state_root/name.")
-    corpus: str = Field(default=str(shipped_corpus("mini")), description="Corpus jsonl to watch (path or s3://).")
+    corpus: str = Field(
+        default="data/corpus/mini.jsonl", description="Corpus jsonl to watch (path, repo-relative path or s3://)."
+    )
     state_root: str | None = Field(default=None, description="Where watch state and indexes live (default home).")
     index: IndexBuildConfig | None = Field(
         default=None, description="Index build settings (backend, encoder...); its corpus is replaced by `corpus`."
@@ -49,7 +54,10 @@ class RetrainConfig(StrictModel):
     trainer: Literal["none", "em_loop", "rl_finetune"] = Field(
         default="none", description="Model retraining hook run after an index change ('none' skips it)."
     )
-    preset: str | None = Field(default=None, description="Preset passed to the trainer hook.")
+    preset: str | None = Field(default=None, description="Preset passed to the trainer flow (its default if None).")
+    trainer_overrides: list[str] = Field(
+        default_factory=list, description="Extra key=value overrides for the trainer flow (e.g. base_model=...)."
+    )
     experiment: str = Field(default="searchloop-retrain", description="MLflow experiment.")
 
 
@@ -69,18 +77,20 @@ def _state_dir(cfg: RetrainConfig) -> str:
     return artifacts.join(root, cfg.name)
 
 
-def _model_hook(cfg: RetrainConfig, index_dir: str) -> str:
-    """Run the trainer hook if configured and available; return a one-line note for the record."""
+def _model_hook(cfg: RetrainConfig) -> str:
+    """Run the trainer flow as a subflow (it owns its champion gate); return a one-line note for the record."""
     if cfg.trainer == "none":
         return "model retraining skipped (trainer=none)"
+    module_name, fn_name, corpus_override = TRAINERS[cfg.trainer]
     try:
-        module = importlib.import_module(TRAINER_HOOKS[cfg.trainer])
-    except ModuleNotFoundError:
-        return f"model retraining skipped: {TRAINER_HOOKS[cfg.trainer]} is not available in this build"
-    hook = getattr(module, "retrain_from_champion", None)
-    if hook is None:
-        return f"model retraining skipped: {module.__name__} has no retrain_from_champion(index_dir, preset)"
-    return str(hook(index_dir=index_dir, preset=cfg.preset))
+        trainer = getattr(importlib.import_module(module_name), fn_name)
+    except (ModuleNotFoundError, AttributeError):
+        return f"model retraining skipped: {module_name}.{fn_name} is not available in this build"
+    overrides = ([corpus_override.format(corpus=cfg.corpus)] if corpus_override else []) + cfg.trainer_overrides
+    result = trainer(overrides=overrides, **({"preset": cfg.preset} if cfg.preset else {}))
+    stages = result if isinstance(result, list) else [result]
+    moved = any(bool(getattr(r, "promoted", False)) for r in stages)
+    return f"{cfg.trainer} retrained on the new corpus ({len(stages)} stage(s)); champion moved: {moved}"
 
 
 def _incumbent(cfg: RetrainConfig, previous_index: str | None) -> RecallReport | None:
@@ -95,6 +105,7 @@ def _incumbent(cfg: RetrainConfig, previous_index: str | None) -> RecallReport |
 def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: B008 - frozen model default
     """Check the corpus and, when it changed, refresh the index and run the promotion gate."""
     log = get_run_logger()
+    config = config.model_copy(update={"corpus": resolve_data_path(config.corpus)})
     state_dir = _state_dir(config)
     check = ops.check_corpus(config.corpus, state_dir)
     if not check.changed:
@@ -111,7 +122,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: 
     candidate = recall_gate_value(report, config.top_k)
     incumbent = recall_gate_value(incumbent_report, config.top_k) if incumbent_report else None
     decision = ops.gate(f"recall_at_{config.top_k}", candidate, incumbent, config.min_delta)
-    model_note = _model_hook(config, index_dir) if decision.promote else "model retraining skipped: gate rejected"
+    model_note = _model_hook(config) if decision.promote else "model retraining skipped: gate rejected"
     champion = index_dir if decision.promote else check.previous_index
     record = {"corpus": config.corpus, "sha256": check.sha256, "diff": diff.counts(), "index_dir": index_dir,
               "index_reused": ref.reused, "decision": decision.model_dump(), "champion_index": champion,

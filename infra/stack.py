@@ -194,6 +194,10 @@ def up(cfg: StackConfig) -> dict[str, float]:
     t0 = time.monotonic()
     (cfg.home / "mlflow").mkdir(parents=True, exist_ok=True)
     specs = [prefect_spec(cfg), mlflow_spec(cfg)]
+    for spec, port in zip(specs, (cfg.prefect_port, cfg.mlflow_port), strict=True):
+        if not proc.is_running(proc.read_info(cfg.run_dir, spec.name)) and proc.port_open(cfg.host, port):
+            raise proc.ServiceError(f"port {port} on {cfg.host} is taken by another process; stop it or choose "
+                                    f"another port (searchloop up --{spec.name.split('-')[0]}-port N)")
     infos = [proc.start_service(s, cfg.run_dir) for s in specs]
     for spec, info in zip(specs, infos, strict=True):
         proc.wait_healthy(spec.health_url or "", cfg.startup_timeout, info)

@@ -73,6 +73,7 @@ class IndexRef(BaseModel):
     n_source_rows: int = Field(description="Corpus rows the passages came from.")
     size_bytes: int = Field(description="Bytes on disk, excluding embedding shards.")
     shards_bytes: int = Field(default=0, description="Bytes of dense embedding shards kept for rebuilds.")
+    shards_reused: int = Field(default=0, description="Dense shards found finished on disk (resumed build).")
     timings: dict[str, float] = Field(default_factory=dict, description="Stage wall times in seconds.")
     config_hash: str = Field(description="Hash of the IndexBuildConfig.")
     corpus_sha256: str = Field(description="SHA-256 of the corpus file.")
@@ -170,13 +171,12 @@ def finalize_index(cfg: IndexBuildConfig, plan: IndexPlan, shards: list[ShardRef
                             "force=true, which refreshes the task cache")
     t0 = time.perf_counter()
     params = _build_backend(cfg, out, shards)
-    timings = {"store_s": plan.seconds, "index_s": time.perf_counter() - t0,
-               "embed_s": sum(s.seconds for s in shards), "shards_cached": float(sum(s.cached for s in shards))}
+    timings = {"store_s": plan.seconds, "index_s": time.perf_counter() - t0, "embed_s": sum(s.seconds for s in shards)}
     ref = IndexRef(
         uri=str(out), backend=cfg.backend, n_passages=plan.store.n_passages, n_source_rows=plan.store.n_source_rows,
         size_bytes=_dir_bytes(out, exclude=SHARDS_DIR), shards_bytes=_dir_bytes(out / SHARDS_DIR)
         if (out / SHARDS_DIR).exists() else 0, timings=timings, config_hash=config_hash(cfg),
-        corpus_sha256=plan.corpus_sha256, params=params,
+        corpus_sha256=plan.corpus_sha256, params=params, shards_reused=sum(s.cached for s in shards),
     )
     write_manifest(out, kind="index", backend=cfg.backend, config=cfg.model_dump(mode="json"),
                    config_hash=ref.config_hash, corpus=plan.corpus, corpus_sha256=plan.corpus_sha256,
@@ -284,7 +284,7 @@ def log_index_run(name: str, cfg: IndexBuildConfig, ref: IndexRef, report: Any =
               **(extra_params or {})}
     with stage_run(name, params=params, tags={"stage": "build_index", "backend": ref.backend}) as run:
         metrics = {"n_passages": ref.n_passages, "n_source_rows": ref.n_source_rows, "index_size_bytes": ref.size_bytes,
-                   "shards_bytes": ref.shards_bytes, "reused": float(ref.reused),
+                   "shards_bytes": ref.shards_bytes, "shards_reused": ref.shards_reused, "reused": float(ref.reused),
                    **{f"time.{k}": v for k, v in ref.timings.items()}}
         if report is not None:
             metrics.update(report.metrics())

@@ -35,7 +35,7 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infra.config import StrictModel
@@ -87,6 +87,12 @@ class ServerConfig(StrictModel):
     batching: BatchingConfig = Field(default_factory=BatchingConfig, description="Micro-batching settings.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request size and k limits.")
     log_level: str = Field(default="warning", description="uvicorn log level.")
+
+    @model_validator(mode="after")
+    def _default_k_within_cap(self) -> ServerConfig:
+        if self.default_k > self.limits.max_k:
+            raise ValueError(f"default_k={self.default_k} exceeds limits.max_k={self.limits.max_k}; lower default_k")
+        return self
 
 
 class RequestError(Exception):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,20 +75,24 @@ def test_flow_builds_evaluates_and_logs(prefect_harness, mini_corpus_path, data_
     assert again.index.n_passages == 120 and not again.index.reused
     forced = build_index_flow(dense.model_copy(update={"force": True}), return_state=True)
     assert _task_states(forced.state_details.flow_run_id)["embed_shard"] == ["Completed"] * 3
-    assert forced.result().index.timings["shards_cached"] == 3  # the library still reused the files
+    assert forced.result().index.shards_reused == 3  # the library still reused the files
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
 
 
 def test_cli_rejects_bad_input_with_exit_2(tmp_path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "SEARCHLOOP_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "SEARCHLOOP_HOME": str(tmp_path)}
     bad_preset = subprocess.run([sys.executable, "-m", "flows.cli", "index", "build", "--preset", "nope"],
                                 cwd=REPO, capture_output=True, text=True, env=env)
-    assert bad_preset.returncode == 2 and "preset 'nope' not found" in bad_preset.stderr
+    assert bad_preset.returncode == 2 and "preset 'nope' not found" in _flat(bad_preset.stderr)
     bad_key = subprocess.run([sys.executable, "-m", "flows.cli", "index", "build", "index.backend=sparse",
                               "index.shard_size=0"], cwd=REPO, capture_output=True, text=True, env=env)
-    assert bad_key.returncode == 2 and "2 configuration error(s)" in bad_key.stderr.replace("\n", " ")
+    assert bad_key.returncode == 2 and "2 configuration error(s)" in _flat(bad_key.stderr)
     no_index = subprocess.run([sys.executable, "-m", "flows.cli", "index", "eval", str(tmp_path / "none")],
                               cwd=REPO, capture_output=True, text=True, env=env)
-    assert no_index.returncode == 2 and "missing or incomplete" in no_index.stderr
+    assert no_index.returncode == 2 and "is missing or incomplete" in _flat(no_index.stderr)
 
 
 @pytest.mark.slow

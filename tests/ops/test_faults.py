@@ -57,7 +57,7 @@ def test_mlflow_down_fails_clearly_keeps_artifacts_and_rerun_resumes(ops_stack, 
         retrain(cfg)
     state_dir = tmp_path / "state" / "mlflow-down"
     built = list((state_dir / "indexes").iterdir())
-    assert len(built) == 1 and artifacts.read_manifest(built[0])["passages"] == 1861  # the index survived
+    assert len(built) == 1 and artifacts.read_manifest(built[0])["ref"]["n_passages"] == 1861  # the index survived
     assert sync.read_state(state_dir) is None  # corpus not marked processed: the rerun will log it
 
     with ops_stack.client_env():  # the tracking server is back

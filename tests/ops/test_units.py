@@ -81,3 +81,39 @@ def test_schedule_option_parsing():
     assert _parse_schedules(["retrain=3600", "evaluate=0 3 * * *"]) == {"retrain": 3600.0, "evaluate": "0 3 * * *"}
     with pytest.raises(ConfigError, match="flow=SECONDS"):
         _parse_schedules(["retrain"])
+
+
+def test_up_refuses_a_port_taken_by_someone_else(tmp_path: Path):
+    import socket
+
+    from infra import stack
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        cfg = stack.StackConfig(home=tmp_path, prefect_port=s.getsockname()[1], mlflow_port=proc.free_port())
+        with pytest.raises(proc.ServiceError, match="is taken by another process"):
+            stack.up(cfg)
+    assert not list(tmp_path.glob("run/*.pid"))  # nothing was started
+
+
+def test_trainer_hook_points_the_trainer_at_the_new_corpus(monkeypatch):
+    import types
+
+    from flows.retrain import RetrainConfig, _model_hook
+
+    calls = []
+
+    def fake_em_loop(preset: str = "x", overrides: list[str] | None = None) -> list:
+        calls.append((preset, overrides))
+        return [types.SimpleNamespace(promoted=False), types.SimpleNamespace(promoted=True)]
+
+    monkeypatch.setitem(sys.modules, "flows.em_loop", types.SimpleNamespace(em_loop=fake_em_loop))
+    cfg = RetrainConfig(corpus="/data/c.jsonl", trainer="em_loop", preset="exsearch_cpu_demo",
+                        trainer_overrides=["iterations=1"])
+    note = _model_hook(cfg)
+    assert calls == [("exsearch_cpu_demo", ["retriever.corpus=['/data/c.jsonl']", "iterations=1"])]
+    assert "champion moved: True" in note
+    monkeypatch.setitem(sys.modules, "flows.em_loop", None)  # as if the EM branch were absent
+    assert "not available in this build" in _model_hook(cfg)
+    assert "trainer=none" in _model_hook(RetrainConfig())
