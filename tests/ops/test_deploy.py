@@ -105,3 +105,15 @@ def test_gpu_job_templates_accepted_by_the_server(ops_stack):
         pool = apply_work_pool(ops_stack.cfg.prefect_api_url, f"gpu-{pool_type}", pool_type, path, concurrency_limit=2)
         assert pool["type"] == pool_type and pool["concurrency_limit"] == 2
         assert pool["base_job_template"]["variables"]["properties"]["gpus"]["default"] == 1
+
+
+def test_gpu_pool_and_per_gpu_task_concurrency(ops_stack):
+    import httpx
+
+    from infra.stack import apply_work_pool, limit_gpu_concurrency
+
+    api = ops_stack.cfg.prefect_api_url
+    apply_work_pool(api, "gpu", "process")
+    limit_gpu_concurrency(ops_stack.cfg, 2)  # what `searchloop up` does on a machine with 2 GPUs
+    assert httpx.get(f"{api}/work_pools/gpu").json()["concurrency_limit"] == 2
+    assert httpx.get(f"{api}/concurrency_limits/tag/gpu").json()["concurrency_limit"] == 2

@@ -100,3 +100,24 @@ def test_s3_options_from_env_or_explicit_never_show_secrets(moto_s3: str, monkey
         import fsspec
 
         fsspec.config.conf.pop("s3", None)
+
+
+def test_s3_credentials_from_a_prefect_secret_block(ops_stack, moto_s3: str, monkeypatch):
+    import fsspec
+    from prefect.blocks.system import Secret
+
+    from tasks.ops import configure_s3_from_block
+
+    with ops_stack.client_env():
+        Secret(value={"endpoint_url": moto_s3, "key": "testing", "secret": "testing"}).save("searchloop-s3",
+                                                                                             overwrite=True)
+        monkeypatch.delenv("AWS_ENDPOINT_URL")
+        try:
+            described = configure_s3_from_block("searchloop-s3")
+            fs, _ = artifacts.url_to_fs("s3://searchloop-block")
+            fs.mkdir("searchloop-block")
+            artifacts.write_text("s3://searchloop-block/ok.txt", "ok")
+            assert artifacts.read_bytes("s3://searchloop-block/ok.txt") == b"ok"
+        finally:
+            fsspec.config.conf.pop("s3", None)
+    assert moto_s3 in described and "testing" not in described
