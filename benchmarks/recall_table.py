@@ -65,7 +65,8 @@ def main() -> None:
         eval_s = time.perf_counter() - t0
         for d in report.datasets:
             if not d.n:
-                rows.append(f"| {backend} | {d.dataset} | 0 | skipped: {d.note} |" + " |" * (3 * len(ks) - 1))
+                dashes = " | ".join(["-"] * 3 * len(ks))
+                rows.append(f"| {backend} | {d.dataset} | 0 | {dashes} | - | skipped: no gold passages |")
                 continue
             cells = " | ".join(f"{d.any_gold[k]:.3f} | {d.all_gold[k]:.3f} | {d.mean_fraction[k]:.3f}" for k in ks)
             rows.append(f"| {backend} | {d.dataset} | {d.n} | {cells} | {build_s.get(backend, 0):.1f} | {eval_s:.1f} |")
