@@ -101,13 +101,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def server_process(index_dir: Path, batching: bool, workers: int, torch_threads: int):
+def server_process(index_dir: Path, batching: bool, workers: int, torch_threads: int, max_wait_ms: float):
     """Start ``searchloop serve retriever`` on a free loopback port; yield its URL."""
     from retrieval.client import RetrieverClient
 
     port = _free_port()
     cmd = [sys.executable, "-m", "flows.cli", "serve", "retriever", "--index", str(index_dir), "--port", str(port),
-           "--cache-size", "0", "--max-batch", "256", "--workers", str(workers)]
+           "--cache-size", "0", "--max-batch", "256", "--workers", str(workers),
+           "--max-wait-ms", str(max_wait_ms)]
     if not batching:
         cmd.append("--no-batching")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch_threads),
@@ -191,7 +192,7 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
     out: dict[str, Any] = {"backend": backend, "in_process_qps": inproc, "in_process_cpu_ms": inproc_cpu}
     for name, batching in (("server", True), ("baseline", False)):
         print(f"[{backend}] {name} (batching={batching})", flush=True)
-        with server_process(index_dir, batching, args.workers, args.torch_threads) as (url, pid):
+        with server_process(index_dir, batching, args.workers, args.torch_threads, args.max_wait_ms) as (url, pid):
             out[name] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests)
     top = max(args.clients)
     out["server_vs_in_process"] = out["server"][top]["qps"] / inproc
@@ -229,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--inprocess-queries", type=int, default=1024, help="Queries in the in-process batch.")
     p.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built indexes here.")
+    p.add_argument("--max-wait-ms", type=float, default=0.0, help="Server micro-batch extra wait.")
     p.add_argument("--torch-threads", type=int, default=1, help="Intra-op threads, in-process and in the servers.")
     p.add_argument("--workers", type=int, default=1, help="Parallel batches: server micro-batch workers and "
                    "in-process threads (the baseline server always uses its 8-thread pool).")
