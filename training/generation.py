@@ -214,6 +214,11 @@ class TransformersGenerator:
         return cls(lm, tok, batch_size=batch_size, bucket_ratio=1.5 if on_cpu else None)
 
     @property
+    def context_limit(self) -> int | None:
+        """Longest sequence (prompt + new tokens) the model accepts (``max_position_embeddings``), if known."""
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
     def device(self) -> Any:
         """The model's device."""
         return next(self.model.parameters()).device
@@ -232,7 +237,16 @@ class TransformersGenerator:
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         out: list[Completion | None] = [None] * len(rows)
-        for idx in length_buckets([len(r) for r in rows], self.batch_size, self.bucket_ratio):
+        limit = self.context_limit
+        if limit:
+            lengths = [len(x) for x in self.tokenizer(rows, add_special_tokens=False)["input_ids"]]
+            for i, n in enumerate(lengths):
+                budgets[i] = min(budgets[i], limit - n)
+                if budgets[i] <= 0:  # the context is full: nothing can be generated
+                    out[i] = Completion(text="", finish_reason="length")
+        todo = [i for i in range(len(rows)) if out[i] is None]
+        for bucket in length_buckets([len(rows[i]) for i in todo], self.batch_size, self.bucket_ratio):
+            idx = [todo[j] for j in bucket]
             batch = self._generate_batch([rows[i] for i in idx], [budgets[i] for i in idx], sampling)
             for i, comp in zip(idx, batch, strict=True):
                 out[i] = comp
