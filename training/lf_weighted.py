@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from training.weighted import WeightMode, WeightedCollator, weighted_trainer_class
+from training.weighted import WeightedCollator, WeightMode, weighted_trainer_class
 
 log = logging.getLogger(__name__)
 
