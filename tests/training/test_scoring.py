@@ -54,7 +54,8 @@ def test_gold_substitution_and_spans(tok) -> None:
     assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == "Paris<|im_end|>\n"
     ids, mask = supervised_spans(tok, chat, "trajectory")
     scored = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
-    assert scored == "<QUERY> capital of France<|im_end|>\n<FACT> Paris is the capital\n<FINAL><|im_end|>\nParis<|im_end|>\n"
+    assert scored == ("<QUERY> capital of France<|im_end|>\n<FACT> Paris is the capital\n<FINAL><|im_end|>\n"
+                      "Paris<|im_end|>\n")
     assert "Content:" not in scored  # retrieved documents (user turns) are never scored
     with pytest.raises(DataError, match="must end with the assistant"):
         with_gold_answer(CHAT[:-1], "Paris")
@@ -71,8 +72,8 @@ def test_scores_match_manual_and_are_batch_invariant(tiny, tok) -> None:
     short = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "x"}]
     items = [
         ScoringInput(trajectory_id="a", question_id="q", messages=CHAT, gold_answer="Paris"),
-        ScoringInput(trajectory_id="b", question_id="q", messages=CHAT[:-1] + [{"role": "assistant", "content": "Nice"}],
-                     gold_answer="Paris"),
+        ScoringInput(trajectory_id="b", question_id="q",
+                     messages=CHAT[:-1] + [{"role": "assistant", "content": "Nice"}], gold_answer="Paris"),
         ScoringInput(trajectory_id="c", question_id="r", messages=short, gold_answer="a much longer gold answer"),
     ]
     cfg = ScoringConfig(tokens="trajectory", batch_tokens=4096)

@@ -62,7 +62,8 @@ def test_fireact_conversion() -> None:
     rows, stats = warmup.from_fireact(chats)
     assert stats.candidates == 60 and stats.valid == len(rows) and stats.valid + sum(stats.skipped.values()) == 60
     first = rows[0]["messages"]
-    assert first[1]["content"] == f"{QUERY_TOKEN} best kick boxer in the world unsportsmanlike conducts crimes of violence"
+    query = "best kick boxer in the world unsportsmanlike conducts crimes of violence"
+    assert first[1]["content"] == f"{QUERY_TOKEN} {query}"
     assert "Badr Hari (born 8 December 1984)" in first[2]["content"]
     assert first[3]["content"].startswith("<FACT> Badr Hari is the person who fits the description.\n<FINAL>")
     assert first[-1]["content"] == "Badr Hari"
