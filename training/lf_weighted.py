@@ -23,23 +23,20 @@ so a cache must have been written by this launcher (it then contains the ``weigh
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from training.sft import STUB_DIR, needs_torchaudio_stub
 from training.weighted import WeightedCollator, WeightMode, weighted_trainer_class
 
 log = logging.getLogger(__name__)
 
-STUB_DIR = Path(__file__).resolve().parent / "_stubs"
-
-
 def ensure_torchaudio_importable() -> None:
-    """Put the torchaudio stub on ``sys.path`` when torchaudio is absent (CPU env; see deps.md §7c)."""
-    if importlib.util.find_spec("torchaudio") is None:
+    """Put the torchaudio stub on ``sys.path`` when no real torchaudio is installed (CPU env; see deps.md §7c)."""
+    if needs_torchaudio_stub() and str(STUB_DIR) not in sys.path:
         sys.path.insert(0, str(STUB_DIR))
 
 

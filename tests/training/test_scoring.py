@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -19,10 +18,6 @@ from training.scoring import (
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-MODEL = Path("/work/main/.searchloop/models/smollm2-135m-instruct")
-_local = Path(__file__).resolve().parents[2] / ".searchloop" / "models" / "smollm2-135m-instruct"
-MODEL = _local if _local.exists() else MODEL
-pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="SmolLM2 HF folder not converted")
 
 CHAT = [
     {"role": "user", "content": "Which city is the capital of France?"},
@@ -35,8 +30,8 @@ CHAT = [
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return transformers.AutoTokenizer.from_pretrained(str(MODEL))
+def tok(smol_path):
+    return transformers.AutoTokenizer.from_pretrained(str(smol_path))
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +87,9 @@ def test_scores_match_manual_and_are_batch_invariant(tiny, tok) -> None:
 
 
 @pytest.mark.slow
-def test_real_model_prefers_the_supported_answer() -> None:
+def test_real_model_prefers_the_supported_answer(smol_path) -> None:
     """SmolLM2-135M: with the document in context, the supported gold answer is more likely than an unrelated one."""
     items = [ScoringInput(trajectory_id=g, question_id="q", messages=CHAT, gold_answer=g) for g in ("Paris", "Tokyo")]
-    res = score_trajectories(items, str(MODEL), ScoringConfig(tokens="answer"))
+    res = score_trajectories(items, str(smol_path), ScoringConfig(tokens="answer"))
     assert all(math.isfinite(r.sum_logprob) for r in res)
     assert res[0].sum_logprob > res[1].sum_logprob

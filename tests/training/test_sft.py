@@ -19,10 +19,6 @@ from training.sft import (
     train_sft,
 )
 
-MODEL = Path(__file__).resolve().parents[2] / ".searchloop" / "models" / "smollm2-135m-instruct"
-if not MODEL.exists():
-    MODEL = Path("/work/main/.searchloop/models/smollm2-135m-instruct")
-
 CHATS = [
     {"messages": [
         {"role": "user", "content": "Who wrote Hamlet? Use search."},
@@ -63,8 +59,8 @@ def _dataset_dir(tmp_path: Path, rows=CHATS) -> Path:
     SFTConfig(finetuning_type="full", learning_rate=2e-6, num_train_epochs=2, lr_scheduler_type="cosine",
               warmup_ratio=0.1, cutoff_len=8192, gradient_accumulation_steps=16, max_samples=300000),
 ], ids=["lora-demo", "full-paper"])
-def test_rendered_args_pass_llamafactory_parser(lf_parser, cfg, tmp_path) -> None:
-    args = render_train_args(cfg, str(MODEL), str(_dataset_dir(tmp_path)), str(tmp_path / "out"))
+def test_rendered_args_pass_llamafactory_parser(lf_parser, smol_path, cfg, tmp_path) -> None:
+    args = render_train_args(cfg, str(smol_path), str(_dataset_dir(tmp_path)), str(tmp_path / "out"))
     model_args, data_args, training_args, finetuning_args, _ = lf_parser(dict(args))
     assert finetuning_args.stage == "sft" and finetuning_args.finetuning_type == cfg.finetuning_type
     assert data_args.cutoff_len == cfg.cutoff_len and data_args.template == cfg.template
@@ -85,13 +81,14 @@ def test_deepspeed_config_renders() -> None:
 
 
 @pytest.mark.slow
-def test_weights_survive_llamafactory_pipeline_and_user_turns_are_masked(lf_parser, tmp_path) -> None:
+def test_weights_survive_llamafactory_pipeline_and_user_turns_are_masked(lf_parser, smol_path, tmp_path) -> None:
     from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
     from llamafactory.model import load_tokenizer
 
     from training.lf_weighted import install_weighting
 
-    args = render_train_args(SFTConfig(cutoff_len=512), str(MODEL), str(_dataset_dir(tmp_path)), str(tmp_path / "o"))
+    args = render_train_args(SFTConfig(cutoff_len=512), str(smol_path), str(_dataset_dir(tmp_path)),
+                             str(tmp_path / "o"))
     model_args, data_args, training_args, _, _ = lf_parser(dict(args))
     restore = install_weighting("precomputed")
     try:
@@ -111,13 +108,13 @@ def test_weights_survive_llamafactory_pipeline_and_user_turns_are_masked(lf_pars
 
 
 @pytest.mark.slow
-def test_weighted_alignment_run_on_cpu(tmp_path) -> None:
+def test_weighted_alignment_run_on_cpu(smol_path, tmp_path) -> None:
     """One optimizer step of the weighted M-step through `python -m training.lf_weighted` (real LLaMA-Factory)."""
     data = tmp_path / "chats.jsonl"
     artifacts.write_jsonl(data, [CHATS[0], CHATS[2]])
     cfg = SFTConfig(max_steps=1, cutoff_len=192, per_device_train_batch_size=2, report_to_mlflow=False,
                     timeout_s=600)
-    ref = train_sft(cfg, data, str(MODEL), tmp_path / "align", weight_mode="precomputed")
+    ref = train_sft(cfg, data, str(smol_path), tmp_path / "align", weight_mode="precomputed")
     manifest = artifacts.read_manifest(tmp_path / "align")
     assert manifest["checkpoint"]["path"] == ref.path and manifest["weight_mode"] == "precomputed"
     assert ref.train_loss is not None and math.isfinite(ref.train_loss)
@@ -125,4 +122,4 @@ def test_weighted_alignment_run_on_cpu(tmp_path) -> None:
     assert [r["current_steps"] for r in artifacts.read_jsonl(tmp_path / "align" / "loss_curve.jsonl")] == [1]
     assert "weighted preprocessing" not in (tmp_path / "align" / "engine.log").read_text()
     # a complete stage is skipped on re-run (manifest present), returning the same ref
-    assert train_sft(cfg, data, str(MODEL), tmp_path / "align", weight_mode="precomputed") == ref
+    assert train_sft(cfg, data, str(smol_path), tmp_path / "align", weight_mode="precomputed") == ref
