@@ -119,7 +119,9 @@ def promote_task(cfg: EMLoopConfig, model_path: str, iteration: int, f1: dict[st
     """Register the checkpoint as a model version; move ``champion`` only if F1 beats the champion's interval."""
     version = em_tracking.register_checkpoint(cfg.registered_model, model_path, run_id, iteration, f1)
     current = em_tracking.champion(cfg.registered_model)
-    promoted = current is None or (current[0] != version and em.beats_champion(f1, current[1]))
+    if current is not None and current[0] == version:  # resumed after this version was already promoted
+        return {"version": version, "promoted": True, "champion": version}
+    promoted = current is None or em.beats_champion(f1, current[1])
     if promoted:
         em_tracking.set_champion(cfg.registered_model, version)
     return {"version": version, "promoted": promoted, "champion": version if promoted else current[0]}
