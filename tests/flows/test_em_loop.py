@@ -123,3 +123,28 @@ def test_em_loop_micro_run_and_resume(prefect_harness, caplog) -> None:
     for step in ("sample", "score", "evaluate", "train_sft"):
         assert f"skipping {step}: already complete" in caplog.text
     assert len(client.search_model_versions("name='em-micro-test'")) == 2
+
+
+def test_select_stage_writes_weighted_training_file_with_gold(tmp_path) -> None:
+    from infra import artifacts
+    from training.em import select_stage
+
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<QUERY> x"},
+            {"role": "user", "content": "<SEARCH> d"}, {"role": "assistant", "content": "wrong"}]
+    rows = [
+        {"trajectory_id": "a", "question_id": "q1", "sum_logprob": -1.0, "n_tokens": 3, "f1": 0.0, "correct": 0.0,
+         "gold": "Paris", "messages": chat},
+        {"trajectory_id": "b", "question_id": "q1", "sum_logprob": -2.0, "n_tokens": 3, "f1": 1.0, "correct": 1.0,
+         "gold": "Paris", "messages": chat},
+        {"trajectory_id": "c", "question_id": "q2", "sum_logprob": None, "n_tokens": 3, "f1": 0.0, "correct": 0.0,
+         "gold": "Rome", "messages": chat},
+    ]
+    artifacts.write_jsonl(tmp_path / "scores.jsonl", rows)
+    cfg = load_config(EMLoopConfig, "exsearch_cpu_demo")
+    ref = select_stage(cfg, str(tmp_path / "scores.jsonl"), tmp_path / "select")
+    train = artifacts.read_jsonl(ref.data["train"])
+    # q1: softmax([-1, -2]) = [0.7311, 0.2689], training weight = 2 * w; q2 (score NaN) dropped and counted
+    assert [round(r["weight"], 4) for r in train] == [1.4621, 0.5379]
+    assert all(r["messages"][-1] == {"role": "assistant", "content": "Paris"} for r in train)
+    assert ref.data["stats"]["dropped"] == {"nonfinite": 1}
+    assert (tmp_path / "select" / "manifest.json").exists() and (tmp_path / "select" / "histogram.json").exists()
