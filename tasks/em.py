@@ -27,13 +27,13 @@ def _tracked(ctx: RunCtx, step: str, out_dir: str, fn):  # noqa: ANN001, ANN202
     return em_tracking.tracked_stage(ctx.root, ctx.experiment, ctx.parent_run, step, out_dir, fn)
 
 
-@task(name="open-run", retries=2, retry_delay_seconds=2)
+@task(name="open-run", retries=2, retry_delay_seconds=2, timeout_seconds=300)
 def open_run_task(root: str, key: str, name: str, experiment: str, parent: str | None = None) -> str:
     """Create or reattach the experiment's parent run or an iteration run; returns its id."""
     return em_tracking.ensure_run(root, key, name, experiment, parent)
 
 
-@task(name="close-run", retries=2, retry_delay_seconds=2)
+@task(name="close-run", retries=2, retry_delay_seconds=2, timeout_seconds=300)
 def close_run_task(run_id: str, metrics: dict[str, float] | None = None) -> None:
     """Log final metrics and mark the run finished."""
     if metrics:
@@ -114,7 +114,7 @@ def evaluate_task(cfg: EMLoopConfig, model_path: str, iteration: int, ctx: RunCt
     return _tracked(ctx, "evaluate", out, lambda _run: em.evaluate_checkpoint(cfg, model_path, out))
 
 
-@task(name="promote", retries=2, retry_delay_seconds=2)
+@task(name="promote", retries=2, retry_delay_seconds=2, timeout_seconds=300)
 def promote_task(cfg: EMLoopConfig, model_path: str, iteration: int, f1: dict[str, float], run_id: str) -> dict:
     """Register the checkpoint as a model version; move ``champion`` only if F1 beats the champion's interval."""
     version = em_tracking.register_checkpoint(cfg.registered_model, model_path, run_id, iteration, f1)
