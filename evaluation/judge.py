@@ -147,6 +147,20 @@ def parse_verdict(text: str, prompt: JudgePrompt) -> bool | None:
     return {"correct": True, "incorrect": False}.get(judgement)
 
 
+def verdict_from_value(value: object) -> bool | None:
+    """A stored judge verdict (e.g. R1-Searcher's ``gpt4o_output`` "True"/"False", ReSearch's
+    ``{"judgement": "correct"}`` or a bool) as True/False; None when unreadable."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, dict):
+        value = value.get("judgement", "")
+    text = str(value).strip()
+    word = {"true": True, "correct": True, "false": False, "incorrect": False}.get(text.lower())
+    if word is not None:
+        return word
+    return parse_verdict(text, "research") if text.startswith("{") else parse_verdict(text, "r1searcher")
+
+
 def _ask(client, config: JudgeConfig, item: JudgeItem) -> JudgeVerdict:
     import httpx
 
@@ -191,9 +205,9 @@ def judge_answers(items: Sequence[JudgeItem], config: JudgeConfig | None = None)
         log.info(SKIP_MESSAGE)
         return JudgeResult(skipped=True, message=SKIP_MESSAGE)
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    with httpx.Client(base_url=config.base_url.rstrip("/"), headers=headers, timeout=config.timeout_s) as client:
-        with ThreadPoolExecutor(max_workers=max(1, config.concurrency)) as pool:
-            verdicts = list(pool.map(lambda it: _ask(client, config, it), items))
+    client = httpx.Client(base_url=config.base_url.rstrip("/"), headers=headers, timeout=config.timeout_s)
+    with client, ThreadPoolExecutor(max_workers=max(1, config.concurrency)) as pool:
+        verdicts = list(pool.map(lambda it: _ask(client, config, it), items))
     failed = sum(1 for v in verdicts if v.correct is None)
     message = f"judged {len(verdicts)} items with {config.model} ({config.prompt} prompt); {failed} without verdict"
     return JudgeResult(skipped=False, message=message, verdicts=verdicts)

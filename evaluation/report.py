@@ -17,7 +17,9 @@ from evaluation.metrics import ScoreTable
 from infra import artifacts
 
 PLOT_METRICS: tuple[str, ...] = ("em", "f1", "acc")
-RATE_METRICS = {"em", "f1", "precision", "recall", "acc", "cem", "acc_l", "gold_recall", "repeated_doc_rate"}
+RATE_METRICS = {
+    "em", "f1", "precision", "recall", "acc", "cem", "acc_l", "gold_recall", "repeated_doc_rate", "format_ok"
+}
 
 
 class ReportRef(BaseModel):

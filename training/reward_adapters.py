@@ -2,8 +2,9 @@
 
 verl: point ``custom_reward_function.path`` at this file and ``.name`` at ``compute_score`` (reward chosen by
 ``extra_info["reward"]`` or the ``SEARCHLOOP_REWARD`` environment variable) or at a fixed entry point such as
-``compute_score_research``. Options travel in ``extra_info["reward_options"]`` (e.g. ``{"eos_token": ...}``,
-``{"response_prefix": "<think>"}`` when the prompt ends with the ``<think>`` the seed counts as response).
+``compute_score_research``. Options travel in ``extra_info["reward_options"]`` (e.g. ``{"eos_token": ...}`` for
+ReSearch's EOS check, ``{"prefixed": True}`` for SmartSearch when the text already starts with the prompt's
+``<think>``, ``{"response_prefix": ...}`` to prepend text before any reward).
 
 TRL: ``GRPOTrainer(reward_funcs=[trl_reward_func("research")], ...)``; golds come from a dataset column.
 """

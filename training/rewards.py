@@ -9,7 +9,8 @@ gold answers and returns a :class:`RewardBreakdown`. What each reproduces (see `
 - :func:`searchr1_em_reward` / :func:`searchr1_format_reward`: Search-R1 ``qa_em.py`` / ``qa_em_format.py``.
 - :func:`smartsearch_reward`: SmartSearch ``compute_score_with_format`` with a pluggable per-round scorer.
 
-Format checks live in ``training.reward_formats``; trainer adapters (verl, TRL) in ``training.reward_adapters``.
+The format checks are the protocol modules' validators (``training.protocols.<name>``), which reproduce each
+seed's reward-side check; trainer adapters (verl, TRL) live in ``training.reward_adapters``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from typing import Literal, Protocol
 
 from evaluation.metrics import exact_match, f1_score, normalize_answer, token_cover_em
 from infra.errors import ConfigError
-from training import reward_formats as fmt
+from training.protocols import r1searcher as r1_protocol
+from training.protocols import research as research_protocol
+from training.protocols import searchr1 as searchr1_protocol
+from training.protocols import smartsearch as smartsearch_protocol
+from training.protocols.base import FormatCheck, last_boxed
 
 
 @dataclass(frozen=True)
@@ -42,34 +47,9 @@ def _golds(golds: str | Iterable[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------------- ReSearch
-def last_boxed(text: str | None) -> str | None:
-    """Content of the last ``\\boxed{...}`` (brace-matched) or ``\\boxed x`` in ``text``, as ReSearch extracts it.
-
-    Returns ``None`` where the seed's extraction fails (no box, unclosed braces, a ``\\fbox``).
-    """
-    if text is None:
-        return None
-    if "\\boxed " in text:
-        return text.split("\\boxed ")[-1].split("$")[0]
-    start = text.rfind("\\boxed")
-    if start < 0:
-        return None  # the seed falls back to \fbox, which its unboxing then rejects
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                box = text[start : i + 1]
-                return box[len("\\boxed{") : -1] if box.startswith("\\boxed{") else None
-    return None
-
-
 def research_answer(response: str) -> str | None:
     """ReSearch's prediction: the last boxed content inside the first ``<answer>...</answer>``."""
-    match = re.search(r"<answer>(.*?)</answer>", response.strip(), re.DOTALL)
-    return last_boxed(match.group(1)) if match else None
+    return research_protocol.extract_answer(response)
 
 
 def research_reward(
@@ -84,7 +64,7 @@ def research_reward(
             stripped; when ``None`` the caller says whether generation ended with EOS through ``finished``.
         finished: used only when ``eos_token`` is ``None``.
     """
-    check = fmt.research_format(response)
+    check = research_protocol.validate(response)
     if not check.ok:
         return RewardBreakdown(0.0, {"format": 0.0}, "bad format: " + "; ".join(check.reasons))
     if eos_token is not None:
@@ -142,9 +122,8 @@ def r1searcher_stage1_reward(
     sol = r1searcher_solution(response, eos_token)
     has_tags = "<answer>" in sol and "</answer>" in sol
     answer = 1.0 if has_tags and token_cover_em(r1searcher_answer(sol), _golds(golds)) else -1.0
-    counts = fmt.r1searcher_tag_counts(sol)
-    retrieve = 0.5 if len(set(counts.values())) == 1 and min(counts.values()) >= 1 else 0.0
-    structure = 0.5 if fmt.r1searcher_think_answer_ok(sol) else 0.0
+    retrieve = 0.5 if r1_protocol.stage1_retrieve_ok(sol) else 0.0
+    structure = 0.5 if r1_protocol.stage1_format_ok(sol) else 0.0
     parts = {"answer": answer, "retrieve": retrieve, "format": structure}
     return RewardBreakdown(answer + retrieve + structure, parts, f"cem {'hit' if answer > 0 else 'miss'}")
 
@@ -155,7 +134,7 @@ def r1searcher_stage2_reward(
     """R1-Searcher stage 2: answer F1 (0 without answer tags) minus 2 (Qwen) or 1 (Llama) on any violation.
 
     Qwen checks (``reward_server_qwen_zero.py``) and Llama checks (``reward_server_llama_stage2.py``) are listed
-    in :func:`training.reward_formats.r1searcher_format_violations`; ``eos_token`` as in
+    in :func:`training.protocols.r1searcher.format_violations`; ``eos_token`` as in
     :func:`r1searcher_stage1_reward`.
     """
     if style not in ("qwen", "llama"):
@@ -163,7 +142,7 @@ def r1searcher_stage2_reward(
     sol = r1searcher_solution(response, eos_token)
     has_tags = "<answer>" in sol and "</answer>" in sol
     f1 = f1_score(r1searcher_answer(sol), _golds(golds), "r1searcher") if has_tags else 0.0
-    violations = fmt.r1searcher_format_violations(sol, style)
+    violations = r1_protocol.format_violations(sol, style)
     penalty = (2.0 if style == "qwen" else 1.0) if violations else 0.0
     reason = "; ".join(violations) if violations else "format ok"
     return RewardBreakdown(f1 - penalty, {"f1": f1, "penalty": -penalty}, reason)
@@ -198,6 +177,17 @@ def searchr1_retrieval_hit(text: str, golds: str | Iterable[str]) -> bool:
     return any(normalize_answer(g) in b for b in blocks for g in _golds(golds))
 
 
+def searchr1_sequence(text: str, require_assistant_marker: bool = False) -> FormatCheck:
+    """Search-R1's ``is_valid_sequence``: the protocol validator applied after ``<|im_start|>assistant`` when that
+    marker is present (full sequences, as the seed scores them), else to the whole text (a response)."""
+    marker = re.search(r"<\|im_start\|>assistant\s*", text)
+    if marker:
+        return searchr1_protocol.validate(text[marker.end() :])
+    if require_assistant_marker:
+        return FormatCheck(ok=False, reasons=["Missing assistant marker"])
+    return searchr1_protocol.validate(text)
+
+
 def searchr1_format_reward(
     response: str,
     golds: str | Iterable[str],
@@ -212,7 +202,7 @@ def searchr1_format_reward(
     structure_format_score (+ retrieval_score if a gold is in an ``<information>`` block); invalid: 0 without
     an answer, final_format_score with a wrong one.
     """
-    check = fmt.searchr1_sequence(response)
+    check = searchr1_sequence(response)
     hit = check.ok and searchr1_retrieval_hit(response, golds)
     answer = searchr1_answer(response, min_answer_matches)
     em = exact_match(answer, _golds(golds)) if answer is not None else 0.0
@@ -281,29 +271,42 @@ def smartsearch_split(solution_str: str) -> tuple[str, str] | None:
     return user.group(1).strip(), solution_str[thinks[3] :]
 
 
+def smartsearch_process(
+    response: str, golds: Sequence[str], question: str = "", scorers: Sequence[RoundScorer] = (RedundancyRule(),)
+) -> tuple[int, int]:
+    """(good, bad) search rounds: one round per ``</result>``; bad when any aligned scorer says ``False``."""
+    n_rounds = response.count("</result>")
+    verdicts = [v for v in (s(question, response, golds) for s in scorers) if len(v) == n_rounds]
+    bad = sum(1 for i in range(n_rounds) if any(v[i] is False for v in verdicts))
+    return n_rounds - bad, bad
+
+
 def smartsearch_reward(
     response: str,
     golds: str | Iterable[str],
     question: str = "",
     scorers: Sequence[RoundScorer] = (RedundancyRule(),),
+    prefixed: bool = False,
 ) -> RewardBreakdown:
     """SmartSearch GRPO reward: outcome + process adjustment + format, zeroed by ``</search<``.
 
+    outcome 1.0 if F1(last ``\\boxed{}``) >= 0.8; correct: ``max(1 - 0.1 * bad, 0.7)``, wrong:
+    ``min(0.1 * good, 0.3)``; +0.1 when the ReSearch-style format check passes; 0 when ``</search<`` appears.
+
     Args:
-        response: the response from the generation prefix ``<think>`` on (the seed cuts the sequence at the 4th
-            ``<think>``, so the prefix the prompt ends with is part of it; see :func:`smartsearch_split`).
+        response: the generated response after the prompt, which ends with the ``<think>`` generation prefix.
         golds: gold answers.
         question: the user question (for model judges).
-        scorers: per-round judges; a round is bad when any scorer says ``False``. The default is the redundancy
-            rule; add the PRM judge when one is served.
+        scorers: per-round judges (:class:`RoundScorer`); the default is the redundancy rule; add the PRM judge
+            when one is served.
+        prefixed: True when ``response`` already starts with that ``<think>`` (the seed's slice at the fourth
+            ``<think>``, see :func:`smartsearch_split`); otherwise it is prepended, as the seed's slice includes it.
     """
     golds = _golds(golds)
-    f1 = f1_score(last_boxed(response) or "", golds)
+    text = response if prefixed else smartsearch_protocol.GENERATION_PREFIX + response
+    f1 = f1_score(last_boxed(text) or "", golds)
     correct = f1 >= 0.8
-    n_rounds = response.count("</result>")
-    verdicts = [v for v in (s(question, response, golds) for s in scorers) if len(v) == n_rounds]
-    bad = sum(1 for i in range(n_rounds) if any(v[i] is False for v in verdicts))
-    good = n_rounds - bad
+    good, bad = smartsearch_process(text, golds, question, scorers)
     score = 1.0 if correct else 0.0
     if correct:
         score -= 0.1 * bad
@@ -312,11 +315,11 @@ def smartsearch_reward(
         score += 0.1 * good
         score = min(score, 0.3)
     process = score - (1.0 if correct else 0.0)
-    check = fmt.research_format(response)
+    check = research_protocol.validate(text)
     if check.ok:
         score += 0.1
     parts = {"f1": f1, "outcome": 1.0 if correct else 0.0, "process": process, "format": 0.1 if check.ok else 0.0,
              "good_rounds": float(good), "bad_rounds": float(bad)}
-    if "</search<" in response:
+    if smartsearch_protocol.BAD_SEARCH_TAG in text:
         return RewardBreakdown(0.0, parts, "malformed tag '</search<'")
     return RewardBreakdown(score, parts, "; ".join(check.reasons) or "format ok")

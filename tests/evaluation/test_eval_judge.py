@@ -55,8 +55,8 @@ def judge_server() -> Iterator[dict]:
             content = f"```json\n{verdict}\n```"
         else:
             content = "True" if ok else "False, it does not match."
-        return {"id": "x", "object": "chat.completion", "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}
+        choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+        return {"id": "x", "object": "chat.completion", "model": body["model"], "choices": [choice]}
 
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -32,11 +32,16 @@ def test_verl_options_and_fixed_entry_points() -> None:
     info = {"reward_options": {"eos_token": "<|im_end|>"}}
     assert A.compute_score_research("musique", RS, ["Paris"], info)["score"] == 0.0
     assert A.compute_score_research("musique", RS + "<|im_end|>", ["Paris"], info)["score"] == 1.0
-    # SmartSearch with the generation prefix <think> supplied as an option
+    # SmartSearch: the prompt ends with the <think> generation prefix, which the reward prepends (as the seed's
+    # slice at the 4th <think> includes it): outcome 1 (no rounds: max(1, .7)) + format .1 = 1.1
     smart = "plan</think><answer>\\boxed{Paris}</answer>"
-    with_prefix = A.compute_score_smartsearch("m", smart, ["Paris"], {"reward_options": {"response_prefix": "<think>"}})
-    assert with_prefix["score"] == pytest.approx(1.1)  # outcome 1 (no rounds: max(1, .7)) + format .1
-    assert A.compute_score_smartsearch("m", smart, ["Paris"])["score"] == pytest.approx(1.0)  # unpaired think
+    assert A.compute_score_smartsearch("m", smart, ["Paris"])["score"] == pytest.approx(1.1)
+    # told the text already holds the prefix, "plan</think>" has an unpaired </think>: format fails -> 1.0
+    info = {"reward_options": {"prefixed": True}}
+    assert A.compute_score_smartsearch("m", smart, ["Paris"], info)["score"] == pytest.approx(1.0)
+    # response_prefix is prepended for any reward
+    assert A.compute_score_research("m", "t</think><answer>\\boxed{Paris}</answer>", ["Paris"],
+                                    {"reward_options": {"response_prefix": "<think>"}})["score"] == 1.0
     assert A.compute_score_r1searcher_stage2_llama.__name__ == "compute_score_r1searcher_stage2_llama"
     with pytest.raises(ConfigError, match="bad options"):
         A.compute_score_research("m", RS, ["Paris"], {"reward_options": {"bogus": 1}})

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import pytest
 
-from training.reward_formats import r1searcher_format_violations, research_format, searchr1_sequence
+from training.protocols.base import last_boxed
+from training.protocols.r1searcher import format_violations as r1searcher_format_violations
+from training.protocols.research import validate as research_format
 from training.rewards import (
     RedundancyRule,
-    last_boxed,
     r1searcher_stage1_reward,
     r1searcher_stage2_reward,
     research_reward,
     searchr1_answer,
     searchr1_em_reward,
     searchr1_format_reward,
+    searchr1_sequence,
     smartsearch_redundancy,
     smartsearch_reward,
     smartsearch_round_prefixes,
@@ -59,7 +61,7 @@ def test_research_no_eos_is_over_length() -> None:
     [
         (RS_GOOD.replace("</think>\n<answer>", "\n<answer>"), "not paired"),  # 2 <think>, 1 </think>
         ("<answer>\\boxed{Paris}</answer>", "not found"),  # no think at all
-        (RS_GOOD + "<answer>again</answer>", "exactly once"),  # two answers
+        (RS_GOOD + "<answer>again</answer>", "exactly one pair"),  # two answers
         (RS_GOOD.replace("<result>", "<resul>"), "incomplete"),  # search without result
         (RS_GOOD.replace("</search> <result>", "<result> </search>"), "wrong order"),  # result inside search
         (RS_GOOD.replace("\\boxed{Paris}", "Paris"), "boxed"),  # no \boxed{
@@ -219,7 +221,8 @@ def _round(query: str, docs: list[str]) -> str:
 
 def _smart(rounds: list[list[str]], answer: str) -> str:
     body = "".join(_round(f"q{i}", d) for i, d in enumerate(rounds))
-    return f"<think>plan</think>\n{body}<think>done</think>\n<answer> \\boxed{{{answer}}} </answer>"
+    # the generated response: the prompt ends with the <think> generation prefix, so the text starts inside it
+    return f"plan</think>\n{body}<think>done</think>\n<answer> \\boxed{{{answer}}} </answer>"
 
 
 def test_smartsearch_redundancy_counts() -> None:
