@@ -191,28 +191,31 @@ def select_stage(cfg: EMLoopConfig, scores_path: str, out_dir: str | Path) -> St
 
 
 def evaluate_checkpoint(cfg: EMLoopConfig, model_path: str, out_dir: str | Path) -> StageRef:
-    """Greedy rollouts on the held-out questions; EM/F1/acc per example and bootstrap intervals per dataset."""
-    from evaluation.metrics import aggregate, answer_metrics
-    from training.records import write_trajectories
-    from training.rollout import run_rollouts
+    """Held-out evaluation through the evaluation stage (``training.agent_eval.evaluate_dataset``, one directory per
+    dataset: trajectories, predictions, per-example metrics), then EM/F1/acc with bootstrap intervals per dataset."""
+    from evaluation.metrics import aggregate
+    from training.agent_eval import AgentEvalConfig, GeneratorSpec, RetrieverSpec, evaluate_dataset
 
     def body(out: Path) -> dict[str, Any]:
-        questions = load_questions(cfg.evaluation.questions)
-        gen = _generator(cfg.evaluation.backend, model_path, cfg.evaluation.batch_size)
-        trajs = run_rollouts(questions, cfg.protocol, gen, build_searcher(cfg.retriever), cfg.evaluation.rollout)
-        write_trajectories(trajs, out / "trajectories", model=model_path)
-        per = [{"question_id": t.question_id, "dataset": t.dataset, "pred": t.final_answer,
-                "n_searches": t.n_searches, "format_ok": t.format_ok,
-                **{k: answer_metrics(t.final_answer, t.golden_answers)[k] for k in ("em", "f1", "acc")}}
-               for t in trajs]
-        artifacts.write_jsonl(out / "predictions.jsonl", per)
-        table = aggregate(per, ["em", "f1", "acc"], confidence=cfg.evaluation.confidence,
-                          n_resamples=cfg.evaluation.n_resamples)
+        ev = cfg.evaluation
+        r = cfg.retriever
+        spec = RetrieverSpec(url=r.url) if r.kind == "http" else RetrieverSpec(corpus=str(_resolve(r.corpus[0])))
+        agent = AgentEvalConfig(protocol=cfg.protocol, retriever=spec, rollout=ev.rollout,
+                                generator=GeneratorSpec(model=model_path, backend=ev.backend, batch_size=ev.batch_size))
+        gen, searcher = _generator(ev.backend, model_path, ev.batch_size), build_searcher(r)
+        examples = []
+        for s in ev.questions:
+            name = Path(s.path).name.removesuffix(".jsonl")
+            ref = evaluate_dataset(agent.model_copy(update={"limit": s.limit}), str(_resolve(s.path)),
+                                   out / name, generator=gen, searcher=searcher)
+            examples += artifacts.read_jsonl(Path(ref.uri) / "examples.jsonl")
+        table = aggregate(examples, ["em", "f1", "acc", "format_ok", "searches"], confidence=ev.confidence,
+                          n_resamples=ev.n_resamples)
         artifacts.write_json(out / "table.json", table.model_dump())
+        artifacts.write_jsonl(out / "examples.jsonl", examples)
         pooled = table.rows[-1].metrics
-        summary = {k: pooled[k].model_dump() for k in ("em", "f1", "acc") if k in pooled}
-        return {"n": len(per), "metrics": summary, "table": str(out / "table.json"),
-                "format_ok": sum(bool(p["format_ok"]) for p in per)}
+        summary = {k: pooled[k].model_dump() for k in ("em", "f1", "acc", "format_ok") if k in pooled}
+        return {"n": len(examples), "metrics": summary, "table": str(out / "table.json")}
 
     return run_stage("evaluate", out_dir, body)
 
