@@ -250,13 +250,25 @@ def _dump_yaml(args: dict[str, Any]) -> str:
     return yaml.safe_dump(args, sort_keys=False)
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: SIGKILL the engine when the launching process dies (kill -9 of a flow must not leave an orphan
+    trainer writing into a stage directory that the resumed run is about to redo)."""
+    import contextlib
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _run_engine(cmd: list[str], env: dict[str, str], out: Path, timeout_s: int) -> None:
     log_path = out / "engine.log"
     start = time.monotonic()
     log.info("running %s (log: %s)", " ".join(cmd), log_path)
     with open(log_path, "w", encoding="utf-8") as fh:
         proc = subprocess.run(cmd, cwd=str(REPO_ROOT), env=env, stdout=fh, stderr=subprocess.STDOUT,
-                              timeout=timeout_s, check=False)
+                              timeout=timeout_s, check=False,
+                              preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     if proc.returncode != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
         raise ArtifactError(f"LLaMA-Factory exited with {proc.returncode} after {time.monotonic() - start:.0f}s; "
