@@ -250,15 +250,21 @@ def _dump_yaml(args: dict[str, Any]) -> str:
     return yaml.safe_dump(args, sort_keys=False)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: SIGKILL the engine when the launching process dies (kill -9 of a flow must not leave an orphan
-    trainer writing into a stage directory that the resumed run is about to redo)."""
-    import contextlib
+def _die_with_parent_hook() -> Any:
+    """Linux: a preexec hook that makes the engine receive SIGKILL when the launching process dies (kill -9 of a
+    flow must not leave an orphan trainer writing into a stage directory the resumed run is about to redo).
+    libc is loaded here, in the parent, so the hook itself does no import between fork and exec."""
+    if not sys.platform.startswith("linux"):
+        return None
     import ctypes
     import signal
 
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+    sig = int(signal.SIGKILL)
+    return lambda: prctl(1, sig)  # PR_SET_PDEATHSIG
 
 
 def _run_engine(cmd: list[str], env: dict[str, str], out: Path, timeout_s: int) -> None:
@@ -268,7 +274,7 @@ def _run_engine(cmd: list[str], env: dict[str, str], out: Path, timeout_s: int) 
     with open(log_path, "w", encoding="utf-8") as fh:
         proc = subprocess.run(cmd, cwd=str(REPO_ROOT), env=env, stdout=fh, stderr=subprocess.STDOUT,
                               timeout=timeout_s, check=False,
-                              preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                              preexec_fn=_die_with_parent_hook())
     if proc.returncode != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
         raise ArtifactError(f"LLaMA-Factory exited with {proc.returncode} after {time.monotonic() - start:.0f}s; "
