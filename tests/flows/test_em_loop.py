@@ -85,6 +85,7 @@ MICRO = [
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # real LLaMA-Factory runs; minutes on a busy 2-core machine
 def test_em_loop_micro_run_and_resume(prefect_harness, caplog) -> None:
     import mlflow
     from mlflow import MlflowClient

@@ -108,6 +108,7 @@ def test_weights_survive_llamafactory_pipeline_and_user_turns_are_masked(lf_pars
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # real LLaMA-Factory runs; minutes on a busy 2-core machine
 def test_weighted_alignment_run_on_cpu(smol_path, tmp_path) -> None:
     """One optimizer step of the weighted M-step through `python -m training.lf_weighted` (real LLaMA-Factory)."""
     data = tmp_path / "chats.jsonl"

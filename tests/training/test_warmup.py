@@ -102,6 +102,7 @@ def test_teacher_interface(train_index, smol_tokenizer) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # real LLaMA-Factory runs; minutes on a busy 2-core machine
 def test_warmup_sft_few_steps_on_cpu(train_index, smol_path, tmp_path) -> None:
     """Real LLaMA-Factory LoRA SFT, 2 steps, cutoff 256, on warm-up chats; the merged checkpoint changed."""
     import torch
