@@ -33,17 +33,25 @@ class StageRef(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict, description="Small results (counts, metrics, paths).")
 
 
-def run_stage(step: str, out_dir: str | Path, body: Callable[[Path], dict[str, Any]]) -> StageRef:
-    """Run ``body(out_dir)`` unless ``out_dir`` is complete; write the manifest last; return the ref."""
+def run_stage(
+    step: str, out_dir: str | Path, body: Callable[[Path], dict[str, Any]], keep_parts: bool = False
+) -> StageRef:
+    """Run ``body(out_dir)`` unless ``out_dir`` is complete; write the manifest last; return the ref.
+
+    An incomplete directory is wiped first, unless ``keep_parts``: then ``body`` is trusted to reuse only the
+    sub-directories that have their own manifest (the evaluation stage keeps finished datasets).
+    """
     out = Path(out_dir)
     done = artifacts.read_manifest(out)
     if done is not None:
         log.info("skipping %s: already complete at %s", step, out)
         return StageRef(step=step, path=str(out), data=done.get("data", {}))
-    if out.exists():
+    if out.exists() and not keep_parts:
         log.info("redoing %s: %s has no manifest (interrupted earlier)", step, out)
         shutil.rmtree(out)
-    out.mkdir(parents=True)
+    elif out.exists():
+        log.info("resuming %s in %s: parts with a manifest are kept", step, out)
+    out.mkdir(parents=True, exist_ok=True)
     data = body(out)
     artifacts.write_manifest(out, stage=step, data=data)
     return StageRef(step=step, path=str(out), data=data)
@@ -129,13 +137,14 @@ def sample_trajectories(cfg: EMLoopConfig, model_path: str, out_dir: str | Path,
 
 
 def trajectory_messages(traj: Any) -> list[dict[str, str]] | None:
-    """Chat messages of a finished ExSearch trajectory (None when it has no final answer turn)."""
+    """Chat messages of a finished ExSearch trajectory (None when it never reached the answer turn)."""
     from training.protocols.exsearch import split_chatml
 
     if traj.final_answer is None:
         return None
     msgs = split_chatml(traj.prompt + traj.response)
-    return msgs if msgs and msgs[-1]["role"] == "assistant" and msgs[-1]["content"].strip() else None
+    # the answer turn may be empty: the E-step replaces it with the gold answer anyway
+    return msgs if msgs and msgs[-1]["role"] == "assistant" else None
 
 
 def score_stage(cfg: EMLoopConfig, model_path: str, traj_dir: str, out_dir: str | Path) -> StageRef:
@@ -217,7 +226,7 @@ def evaluate_checkpoint(cfg: EMLoopConfig, model_path: str, out_dir: str | Path)
         summary = {k: pooled[k].model_dump() for k in ("em", "f1", "acc", "format_ok") if k in pooled}
         return {"n": len(examples), "metrics": summary, "table": str(out / "table.json")}
 
-    return run_stage("evaluate", out_dir, body)
+    return run_stage("evaluate", out_dir, body, keep_parts=True)
 
 
 def beats_champion(candidate: dict[str, float], champion: dict[str, float] | None) -> bool:

@@ -105,5 +105,11 @@ class EMLoopConfig(StrictModel):
         return self
 
     def key(self) -> str:
-        """Short hash identifying the run directory (same config = same directory = resume)."""
-        return config_hash(self)[:10]
+        """Short hash of everything that shapes the artifacts (same key = same directory = resume). Loop control
+        (``iterations``, ``early_stop_drops``) and timeouts are left out, so they can change on a resume."""
+        data = self.model_dump(mode="json", exclude={"iterations", "early_stop_drops", "step_timeout_s"})
+        for section in ("warmup", "sampling", "evaluation"):
+            data[section].pop("timeout_s", None)
+        for sft in (data["warmup"]["sft"], data["alignment"]):
+            sft.pop("timeout_s", None)
+        return config_hash(data)[:10]
