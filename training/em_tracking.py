@@ -147,10 +147,10 @@ def register_checkpoint(name: str, path: str, run_id: str, iteration: int, f1: d
             client.create_registered_model(name, description="ExSearch EM loop checkpoints (searchloop)")
         for v in client.search_model_versions(f"name='{name}'"):
             if v.source == str(Path(path).resolve()) and v.run_id == run_id:
-                return v.version  # already registered before a crash
+                return str(v.version)  # already registered before a crash
         tags = {"iteration": str(iteration), "heldout_f1": f"{f1['mean']:.4f}",
                 "heldout_f1_ci": f"[{f1['low']:.4f}, {f1['high']:.4f}]"}
-        return client.create_model_version(name, str(Path(path).resolve()), run_id=run_id, tags=tags).version
+        return str(client.create_model_version(name, str(Path(path).resolve()), run_id=run_id, tags=tags).version)
 
 
 def champion(name: str) -> tuple[str, dict[str, float]] | None:
@@ -162,7 +162,7 @@ def champion(name: str) -> tuple[str, dict[str, float]] | None:
     except MlflowException:
         return None
     low, high = json.loads(v.tags["heldout_f1_ci"])
-    return v.version, {"mean": float(v.tags["heldout_f1"]), "low": low, "high": high}
+    return str(v.version), {"mean": float(v.tags["heldout_f1"]), "low": low, "high": high}
 
 
 def set_champion(name: str, version: str) -> None:
