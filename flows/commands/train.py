@@ -16,6 +16,7 @@ def em_loop_command(
     override: list[str] = typer.Option([], "--override", "-o", help="a.b=value overrides (repeatable)."),
 ) -> None:
     """Warm-up SFT, then EM iterations (sample, score, select, weighted train, evaluate) with resume."""
+    import logging
     import os
 
     from infra.settings import apply_embedded_environment
@@ -23,6 +24,7 @@ def em_loop_command(
     apply_embedded_environment()
     # show the library's INFO lines (e.g. "skipping <step>: already complete at <dir>") in the flow run logs
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "training")
+    logging.getLogger("training").setLevel(logging.INFO)
     from flows.em_loop import em_loop
 
     history = em_loop(preset=preset, overrides=list(override))
