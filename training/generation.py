@@ -1,0 +1,273 @@
+"""Generation backends behind one interface: ``Generator.generate(prompts, sampling) -> list[Completion]``.
+
+Backends (named in ``GENERATORS`` as dotted strings, imported only when chosen):
+- ``transformers``: batched HF generation on CPU or GPU with left padding and the KV cache; stop strings are
+  honoured per row and the output is cut right after the stop string; seeds; per-prompt token budgets.
+- ``vllm``: the vLLM offline engine (GPU worker; ``vllm`` imported lazily).
+- ``openai``: any OpenAI-compatible server (vLLM / SGLang serving) over HTTP with httpx, completions or chat.
+
+Every backend returns, per prompt, ``sampling.n`` completions (prompt-major order). ``best_of > n`` samples
+``best_of`` candidates and keeps the ``n`` with the highest cumulative log-probability (ExSearch's per-step
+best-of-n by likelihood).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import Field, model_validator
+
+from infra.config import StrictModel
+from infra.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+GENERATORS: dict[str, str] = {
+    "transformers": "training.generation:TransformersGenerator",
+    "vllm": "training.generation_vllm:VLLMGenerator",
+    "openai": "training.generation_openai:OpenAICompatibleGenerator",
+}
+
+FinishReason = Literal["stop", "length", "eos"]
+
+
+class SamplingParams(StrictModel):
+    """Sampling settings shared by every backend."""
+
+    temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy decoding.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    n: int = Field(default=1, ge=1, description="Completions returned per prompt.")
+    best_of: int | None = Field(
+        default=None, ge=1, description="Candidates sampled per prompt; the n most likely are kept (None = n)."
+    )
+    seed: int | None = Field(default=None, description="Random seed (None = nondeterministic sampling).")
+    max_tokens: int = Field(default=256, ge=1, description="New tokens per completion.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings; output is cut right after the first.")
+    logprobs: bool = Field(default=False, description="Compute the cumulative log-probability of each completion.")
+
+    @model_validator(mode="after")
+    def _check_best_of(self) -> SamplingParams:
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must be >= n ({self.n})")
+        return self
+
+    @property
+    def candidates(self) -> int:
+        """Samples drawn per prompt."""
+        return self.best_of or self.n
+
+
+@dataclass
+class Completion:
+    """One generated continuation.
+
+    ``text`` ends right after the matched stop string (included) and never contains the EOS token.
+    """
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason = "length"
+    stop: str | None = None
+    cumulative_logprob: float | None = None
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """A text generator. ``eos_token``: the EOS text the model emits (None when unknown); ``tokenizer`` optional."""
+
+    eos_token: str | None
+
+    def generate(
+        self, prompts: list[str], sampling: SamplingParams, max_tokens: list[int] | None = None
+    ) -> list[Completion]:
+        """Return ``sampling.n`` completions per prompt (prompt-major). ``max_tokens`` overrides per prompt."""
+        ...
+
+
+def cut_at_stop(text: str, stops: list[str] | tuple[str, ...]) -> tuple[str, str | None]:
+    """Cut ``text`` right after the earliest occurrence of any stop string: (text, matched stop or None)."""
+    best: tuple[int, str] | None = None
+    for s in stops:
+        if not s:
+            continue
+        i = text.find(s)
+        if i >= 0 and (best is None or i + len(s) < best[0] + len(best[1])):
+            best = (i, s)
+    if best is None:
+        return text, None
+    return text[: best[0] + len(best[1])], best[1]
+
+
+def select_best(candidates: list[Completion], n: int) -> list[Completion]:
+    """The ``n`` candidates with the highest cumulative log-probability (stable; None counts as -inf)."""
+    order = sorted(
+        range(len(candidates)),
+        key=lambda i: -(candidates[i].cumulative_logprob if candidates[i].cumulative_logprob is not None else -1e30),
+    )
+    return [candidates[i] for i in order[:n]]
+
+
+def regroup(candidates: list[Completion], n_prompts: int, sampling: SamplingParams) -> list[Completion]:
+    """From prompt-major candidates (``sampling.candidates`` per prompt) keep ``n`` per prompt (best-of if needed)."""
+    k = sampling.candidates
+    out: list[Completion] = []
+    for p in range(n_prompts):
+        group = candidates[p * k : (p + 1) * k]
+        out.extend(select_best(group, sampling.n) if k > sampling.n else group)
+    return out
+
+
+def load_generator(backend: str, model: str, **kwargs: Any) -> Generator:
+    """Build a generator by backend name (``transformers``, ``vllm``, ``openai``) for ``model``.
+
+    Raises:
+        ConfigError: naming the known backends.
+    """
+    import importlib
+
+    target = GENERATORS.get(backend)
+    if target is None:
+        raise ConfigError(f"unknown generation backend {backend!r}; choose one of: {', '.join(GENERATORS)}")
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    return cls.from_model(model, **kwargs)
+
+
+class _StopCriteria:
+    """Per-row stopping for HF generate: a stop string in the decoded tail, or the row's own token budget."""
+
+    def __init__(self, tokenizer: Any, prompt_len: int, stops: list[str], budgets: list[int]) -> None:
+        self.tokenizer, self.prompt_len, self.stops, self.budgets = tokenizer, prompt_len, stops, budgets
+        self.tail = max([len(tokenizer.encode(s, add_special_tokens=False)) for s in stops] or [0]) + 3
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        new = input_ids.shape[1] - self.prompt_len
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for row in range(input_ids.shape[0]):
+            if new >= self.budgets[row]:
+                done[row] = True
+            elif self.stops:
+                lo = max(self.prompt_len, input_ids.shape[1] - self.tail)
+                tail = self.tokenizer.decode(input_ids[row, lo:], skip_special_tokens=False)
+                done[row] = any(s in tail for s in self.stops)
+        return done
+
+
+class TransformersGenerator:
+    """Batched HF transformers generation (left padding, KV cache, per-row stop strings and budgets).
+
+    Args:
+        model: a causal LM (``AutoModelForCausalLM``).
+        tokenizer: its tokenizer (EOS/pad fixed, see ``training.models``).
+        batch_size: rows per forward batch.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16) -> None:
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.eos_token: str | None = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+
+    @classmethod
+    def from_model(cls, model: str, device: str = "auto", batch_size: int = 16, **kwargs: Any) -> TransformersGenerator:
+        """Load ``model`` (name, HF folder or GGUF; see ``training.models.resolve_model``)."""
+        from training.models import load_model
+
+        lm, tok = load_model(model, device=device, **kwargs)
+        return cls(lm, tok, batch_size=batch_size)
+
+    @property
+    def device(self) -> Any:
+        """The model's device."""
+        return next(self.model.parameters()).device
+
+    def generate(
+        self, prompts: list[str], sampling: SamplingParams, max_tokens: list[int] | None = None
+    ) -> list[Completion]:
+        """Generate ``sampling.n`` completions per prompt; see the module docstring."""
+        import torch
+
+        if not prompts:
+            return []
+        k = sampling.candidates
+        rows = [p for p in prompts for _ in range(k)]
+        budgets = [b for b in (max_tokens or [sampling.max_tokens] * len(prompts)) for _ in range(k)]
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        out: list[Completion | None] = [None] * len(rows)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            batch = self._generate_batch([rows[i] for i in idx], [budgets[i] for i in idx], sampling)
+            for i, comp in zip(idx, batch, strict=True):
+                out[i] = comp
+        done = [c for c in out if c is not None]
+        if sampling.logprobs or k > sampling.n:
+            self._score(rows, done)
+        return regroup(done, len(prompts), sampling)
+
+    def _generate_batch(self, prompts: list[str], budgets: list[int], sampling: SamplingParams) -> list[Completion]:
+        import torch
+
+        tok = self.tokenizer
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        plen = enc["input_ids"].shape[1]
+        criteria = _StopCriteria(tok, plen, list(sampling.stop), budgets)
+        kwargs: dict[str, Any] = {"do_sample": sampling.temperature > 0}
+        if sampling.temperature > 0:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        with torch.inference_mode():
+            seqs = self.model.generate(
+                **enc, max_new_tokens=max(budgets), stopping_criteria=[criteria], pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id, **kwargs,
+            )
+        return [self._finish(seqs[r, plen:].tolist(), budgets[r], sampling.stop) for r in range(len(prompts))]
+
+    def _finish(self, new: list[int], budget: int, stops: list[str]) -> Completion:
+        tok = self.tokenizer
+        eos = tok.eos_token_id
+        end = new.index(eos) if eos in new else len(new)
+        ids = new[:end][:budget]
+        text = tok.decode(ids, skip_special_tokens=False)
+        cut, stop = cut_at_stop(text, stops)
+        if stop is not None:
+            n = len(ids)
+            while n > 1 and stop in tok.decode(ids[: n - 1], skip_special_tokens=False):
+                n -= 1
+            return Completion(text=cut, token_ids=ids[:n], finish_reason="stop", stop=stop)
+        if end < len(new) and end < budget:
+            return Completion(text=text, token_ids=ids, finish_reason="eos")
+        return Completion(text=text, token_ids=ids, finish_reason="length")
+
+    def _score(self, prompts: list[str], completions: list[Completion]) -> None:
+        """Fill ``cumulative_logprob`` (sum of token log-probs under the model) with one forward pass per batch."""
+        import torch
+
+        tok = self.tokenizer
+        for start in range(0, len(prompts), self.batch_size):
+            chunk = list(range(start, min(start + self.batch_size, len(prompts))))
+            p_ids = [tok(prompts[i], add_special_tokens=False)["input_ids"] for i in chunk]
+            c_ids = [completions[i].token_ids for i in chunk]
+            width = max(len(p) + len(c) for p, c in zip(p_ids, c_ids, strict=True))
+            ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+            att = torch.zeros_like(ids)
+            for r, (p, c) in enumerate(zip(p_ids, c_ids, strict=True)):
+                seq = p + c
+                ids[r, width - len(seq):] = torch.tensor(seq)
+                att[r, width - len(seq):] = 1
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=att.to(self.device)).logits
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            for r, i in enumerate(chunk):
+                n = len(c_ids[r])
+                if n == 0:
+                    completions[i].cumulative_logprob = 0.0
+                    continue
+                pos = torch.arange(width - n - 1, width - 1)
+                target = ids[r, width - n:].to(logp.device)
+                completions[i].cumulative_logprob = float(logp[r, pos, target].sum())
