@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from infra.config import StrictModel
-from infra.settings import REPO_ROOT, get_settings
+from infra.settings import REPO_ROOT
 from training.health import HealthConfig
 from training.rl_data import DifficultyConfig
 from training.trl_search import TRLSearchConfig
@@ -97,10 +97,16 @@ def resolve_path(path: str) -> str:
 
 
 def resolve_model(model: str) -> str:
-    """A model folder: an existing path, or ``<model_cache>/<name>``; hub ids pass through (verl downloads them)."""
-    if Path(model).exists():
-        return str(Path(model).resolve())
-    cached = get_settings().model_cache / model
-    if cached.exists():
-        return str(cached)
-    return model
+    """A local HF folder for ``model`` (name such as ``smollm2``, folder or GGUF; see ``training.models``).
+
+    Hub ids (``org/name``) that are not local pass through unchanged: verl workers download them themselves.
+    """
+    from infra.errors import ConfigError
+    from training.models import resolve_model as resolve_local
+
+    try:
+        return str(resolve_local(model))
+    except ConfigError:
+        if model.count("/") == 1 and not Path(model).exists():
+            return model
+        raise

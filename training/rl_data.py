@@ -14,10 +14,8 @@ from __future__ import annotations
 import io
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
-import orjson
 from pydantic import Field
 
 from evaluation.benchmarks import Question
@@ -28,33 +26,6 @@ from infra.errors import DataError
 Bucket = Literal["easy", "medium", "difficult"]
 BUCKETS: tuple[Bucket, ...] = ("easy", "medium", "difficult")
 MessagesFn = Callable[[Question], list[dict[str, str]]]
-
-
-def read_questions(path: str | Path, limit: int | None = None) -> list[Question]:
-    """Read a jsonl question file (FlashRAG-like rows: id, question, golden_answers, ...) into Question records.
-
-    Unknown columns go to ``metadata``. Raises DataError naming the file and line of a bad row.
-    """
-    known = set(Question.model_fields)
-    out: list[Question] = []
-    for lineno, line in enumerate(artifacts.read_bytes(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = orjson.loads(line)
-            extra = {k: v for k, v in row.items() if k not in known}
-            meta = {**row.get("metadata", {}), **extra}
-            answers = row.get("golden_answers") or row.get("answers") or []
-            if isinstance(answers, str):
-                answers = [answers]
-            out.append(Question(id=str(row["id"]), question=row["question"], golden_answers=list(answers),
-                                dataset=row.get("dataset", ""), supporting_doc_ids=row.get("supporting_doc_ids", []),
-                                metadata=meta))
-        except (KeyError, TypeError, ValueError, orjson.JSONDecodeError) as exc:
-            raise DataError(f"{path}:{lineno}: not a question row ({exc}); expected id, question, golden_answers")
-        if limit is not None and len(out) >= limit:
-            break
-    return out
 
 
 def default_messages(system_prompt: str | None = None) -> MessagesFn:

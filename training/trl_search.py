@@ -192,7 +192,8 @@ def grpo_args(cfg: TRLSearchConfig, output_dir: str, report_to: list[str] | None
         loss_type=cfg.algorithm, scale_rewards=cfg.scale_rewards, max_steps=cfg.max_steps,
         max_completion_length=cfg.max_completion_length, temperature=cfg.temperature,
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
-        logging_steps=cfg.logging_steps, seed=cfg.seed, report_to=report_to or [], use_cpu=not torch.cuda.is_available(),
+        logging_steps=cfg.logging_steps, seed=cfg.seed, report_to=report_to or [],
+        use_cpu=not torch.cuda.is_available(),
         bf16=False, fp16=False, gradient_checkpointing=cfg.gradient_checkpointing, remove_unused_columns=False,
         dataloader_num_workers=0, disable_tqdm=True, save_only_model=False,
     )
@@ -237,3 +238,60 @@ def last_checkpoint(output_dir: str) -> str | None:
     ckpts = [p for p in root.glob("checkpoint-*") if (p / "trainer_state.json").exists()]
     ckpts.sort(key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
     return str(ckpts[-1]) if ckpts else None
+
+
+def to_sample(traj: Any, tokenizer: Any) -> RolloutSample:
+    """A :class:`RolloutSample` from a ``training.records.Trajectory`` (prompt ids split off the joint tokenization).
+
+    The rollout engine tokenizes ``prompt + response`` once and keeps the response tokens and their loss mask; the
+    prompt ids are the tokens before them, so prompt + completion is exactly the sequence the mask refers to.
+    """
+    full = tokenizer(traj.prompt + traj.response, add_special_tokens=False)["input_ids"]
+    ids, mask = list(traj.token_ids), list(traj.loss_mask)
+    if not ids:  # nothing generated: one EOS so the row still has a (trainable) end
+        ids, mask = [tokenizer.eos_token_id], [1]
+        prompt_ids = full
+    else:
+        prompt_ids = full[: len(full) - len(ids)]
+        if full[len(full) - len(ids):] != ids:
+            raise RuntimeError("trajectory token ids do not match the tokenizer used for training; pass the same "
+                               "tokenizer to the rollout engine and the trainer")
+    return RolloutSample(prompt_ids=prompt_ids, completion_ids=ids, loss_mask=mask, response=traj.response,
+                         num_searches=traj.n_searches, finish_reason=traj.finish_reason, format_ok=traj.format_ok,
+                         extra={"question_id": traj.question_id, "final_answer": traj.final_answer})
+
+
+def engine_rollout_fn(protocol: Any, searcher: Any, rollout_cfg: Any, batch_size: int = 16,
+                      sink: list | None = None) -> RolloutFn:
+    """A :data:`RolloutFn` running ``training.rollout.run_rollouts`` with the live policy.
+
+    Args:
+        protocol: a ``SearchProtocol`` instance (its top-k / max turns already set).
+        searcher: any ``retrieval.types.Searcher`` (in-process BM25/dense or the HTTP client).
+        rollout_cfg: ``training.rollout.RolloutConfig`` (temperature, per-turn and total token budgets); ``n`` is
+            forced to 1 because TRL already repeats each prompt ``num_generations`` times.
+        batch_size: generation batch rows.
+        sink: when given, every trajectory is appended to it (for dumping rollouts as records).
+    """
+    from evaluation.benchmarks import Question
+    from training.generation import TransformersGenerator
+    from training.rollout import run_rollouts
+
+    cfg = rollout_cfg.model_copy(update={"n": 1})
+
+    def rollout(rows: list[dict[str, Any]], model: Any, tokenizer: Any) -> list[RolloutSample]:
+        gen = TransformersGenerator(model, tokenizer, batch_size=batch_size)
+        questions = [Question(id=str(r["question_id"]), question=r["question"],
+                              golden_answers=list(r["golden_answers"]), dataset=r.get("data_source", ""))
+                     for r in rows]
+        trajs = run_rollouts(questions, protocol, gen, searcher, cfg, tokenizer)
+        if sink is not None:
+            sink.extend(trajs)
+        return [to_sample(t, tokenizer) for t in trajs]
+
+    return rollout
+
+
+def prompt_rows(protocol: Any, rows: Sequence[dict[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
+    """TRL rows whose ``prompt`` is the protocol's prompt text (what the rollouts continue)."""
+    return [{**r, "prompt": protocol.build_prompt(r["question"], tokenizer)} for r in rows]

@@ -88,7 +88,8 @@ def test_presets_render_with_seed_hyperparameters() -> None:
     assert r1["algorithm.adv_estimator"] == "reinforce_plus_plus_baseline"
     assert r1["actor_rollout_ref.rollout.n"] == "16" and r1["actor_rollout_ref.actor.optim.lr"] == "2e-06"
     sr1 = parse_overrides(_render(rendered["searchr1_grpo:grpo"]))
-    assert sr1["data.train_batch_size"] == "512" and sr1["actor_rollout_ref.rollout.multi_turn.max_assistant_turns"] == "4"
+    assert sr1["data.train_batch_size"] == "512"
+    assert sr1["actor_rollout_ref.rollout.multi_turn.max_assistant_turns"] == "4"
     for name, cfg in rendered.items():
         assert set(parse_overrides(_render(cfg))) <= VERL_KEYS, name
 
