@@ -176,8 +176,9 @@ def health_callback(cfg: HealthConfig, log_to_mlflow: bool = True) -> Any:
             snap = self.monitor.snapshot(logs)
             if snap:
                 self.series.append({"step": float(state.global_step), **snap})
-                if log_to_mlflow:
-                    _log_mlflow(snap, state.global_step)
+            if log_to_mlflow:
+                raw = {f"train/{k}": v for k, v in logs.items() if isinstance(v, (int, float))}
+                _log_mlflow({**raw, **snap}, state.global_step)
             if not verdict.ok:
                 log.error("health check failed at step %s: %s", verdict.step, verdict.reason)
                 control.should_training_stop = True
@@ -217,3 +218,26 @@ def raise_if_unhealthy(callback: Any) -> None:
     raise TrainingHealthError(
         f"training stopped at step {failed.step}: {failed.reason}. Last good checkpoint: {kept}. "
         "Resume from it with adjusted settings (e.g. lower learning_rate) or relax the thresholds in `health:`.")
+
+
+def plot_health(series: list[Mapping[str, float]], path: str) -> str:
+    """Plot reward, format-failure rate and searches per trajectory (and length) over steps; returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("reward", "reward"), ("format_failure_rate", "format-failure rate"),
+              ("searches_per_traj", "searches / trajectory"), ("response_length", "response length (tokens)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
+    for ax, (name, title) in zip(axes, panels, strict=True):
+        pts = [(row["step"], row[f"health/{name}"]) for row in series if f"health/{name}" in row]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

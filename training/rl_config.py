@@ -90,10 +90,14 @@ class RLConfig(StrictModel):
 
 
 def resolve_path(path: str) -> str:
-    """Repo-relative paths (``data/...``) resolve against the repository; URLs and absolute paths pass through."""
+    """Resolve a data reference: ``shared:<rel>`` -> the shared data dir; repo-relative paths (``data/...``) ->
+    the repository; URLs, absolute paths and benchmark names (``hotpotqa_mini``) pass through."""
+    if path.startswith("shared:"):
+        return str(get_settings().shared_data_dir / path.removeprefix("shared:"))
     if "://" in path or Path(path).is_absolute():
         return path
-    return str(REPO_ROOT / path)
+    local = REPO_ROOT / path
+    return str(local) if local.exists() else path
 
 
 def resolve_model(model: str) -> str:
