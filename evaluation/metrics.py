@@ -11,8 +11,10 @@ Other normalizations (``normalization=`` argument):
 - ``"r1searcher"``: R1-Searcher's rule: ``"True"``/``"False"`` become yes/no, underscores and punctuation
   (ASCII plus curly quotes, acute accent and backtick) become spaces, then articles and whitespace as above. With it
   ``cem`` is R1-Searcher's CEM: every gold token is in the prediction's token list, order-insensitive.
-- ``"exsearch_released_buggy"``: ExSearch's released normalization, which is BROKEN (see ``_exsearch_buggy``).
-  Use it only to reproduce ExSearch's published numbers, never to compare systems.
+- ``"exsearch_released_buggy"``: the normalization of ExSearch's ``v1`` branch (mangopy/SearchLM, 2025-05-22 on),
+  which is BROKEN (see ``_exsearch_buggy``). Use it only to reproduce numbers computed with that code, never to
+  compare systems. (The repository's ``main`` branch normalizes like ``"squad"``; its F1 has no yes/no rule:
+  ``token_scores(..., yes_no_rule=False)``.)
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def _r1searcher(text: str) -> str:
 
 
 def _exsearch_buggy(text: str) -> str:
-    """ExSearch's released normalization (mangopy/SearchLM ``src/utilize/metrics.py``). BROKEN ON PURPOSE.
+    """ExSearch's v1-branch normalization (mangopy/SearchLM @ v1 ``src/utilize/metrics.py``). BROKEN ON PURPOSE.
 
     It deletes every character found in a stop-word set; the set contains the one-letter words "a" and "i", so
     all letters ``a`` and ``i`` are removed ("Paris" -> "prs"), along with most ASCII punctuation (but not ``_``).

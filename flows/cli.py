@@ -15,7 +15,6 @@ from rich.console import Console
 
 from infra.errors import SearchloopError
 
-
 app = typer.Typer(
     name="searchloop",
     help="Train and evaluate LLM search agents (retrieval service, rollouts, EM loop, RL) as Prefect flows.",

@@ -42,12 +42,19 @@ class BM25Searcher:
         retriever.index(_tokenize([p.contents for p in passages]), show_progress=False)
         return cls(retriever, passages)
 
-    def save(self, directory: str | os.PathLike[str]) -> None:
-        """Save the index and passages into a local directory (caller writes the manifest)."""
+    def save(self, directory: str | os.PathLike[str], write_passages: bool = True) -> None:
+        """Save the index and passages into a local directory (caller writes the manifest).
+
+        Args:
+            directory: target directory.
+            write_passages: also write ``passages.jsonl``; pass False when a passage store with the same rows
+                (``retrieval.store``) is already there.
+        """
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         self._retriever.save(str(d / "bm25s"))
-        (d / "passages.jsonl").write_bytes(b"".join(orjson.dumps(p.model_dump()) + b"\n" for p in self.passages))
+        if write_passages:
+            (d / "passages.jsonl").write_bytes(b"".join(orjson.dumps(p.model_dump()) + b"\n" for p in self.passages))
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> BM25Searcher:

@@ -115,7 +115,7 @@ def regroup(candidates: list[Completion], n_prompts: int, sampling: SamplingPara
     out: list[Completion] = []
     for p in range(n_prompts):
         group = candidates[p * k : (p + 1) * k]
-        out.extend(select_best(group, sampling.n) if k > sampling.n else group)
+        out.extend(select_best(group, sampling.n) if sampling.best_of is not None else group)
     return out
 
 
@@ -174,10 +174,19 @@ class TransformersGenerator:
             tokenizer.pad_token = tokenizer.eos_token
 
     @classmethod
-    def from_model(cls, model: str, device: str = "auto", batch_size: int = 16, **kwargs: Any) -> TransformersGenerator:
-        """Load ``model`` (name, HF folder or GGUF; see ``training.models.resolve_model``)."""
+    def from_model(
+        cls, model: str, device: str = "auto", batch_size: int = 16, threads: int | None = None, **kwargs: Any
+    ) -> TransformersGenerator:
+        """Load ``model`` (name, HF folder or GGUF; see ``training.models.resolve_model``).
+
+        ``threads`` sets torch's intra-op threads (process-wide); 1 is much faster on an oversubscribed CPU.
+        """
         from training.models import load_model
 
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         lm, tok = load_model(model, device=device, **kwargs)
         return cls(lm, tok, batch_size=batch_size)
 
@@ -207,7 +216,7 @@ class TransformersGenerator:
             for i, comp in zip(idx, batch, strict=True):
                 out[i] = comp
         done = [c for c in out if c is not None]
-        if sampling.logprobs or k > sampling.n:
+        if sampling.logprobs or sampling.best_of is not None:
             self._score(rows, done)
         return regroup(done, len(prompts), sampling)
 

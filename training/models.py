@@ -118,7 +118,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
     log.info("converting %s -> %s (one-time, ~40 s for 135M)", gguf, out_dir)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     special = gguf_special_tokens(gguf)
     fix_special_tokens(tok, model, eos_id=special.get("eos"), pad_id=special.get("pad"),
                        add_bos=special.get("add_bos"))
@@ -178,7 +178,7 @@ def load_model(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
-    model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch_dtype,
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype,
                                                  trust_remote_code=trust_remote_code)
     model.to(device).eval()
     return model, load_tokenizer(path, trust_remote_code=trust_remote_code)

@@ -149,11 +149,12 @@ class R1SearcherProtocol(SearchProtocol):
 
     def on_completion(self, state: AgentState, completion: Completion) -> str | None:
         """Query stop with a non-empty query -> search (not on the final pass); anything else ends it."""
+        final = self.last_pass(state)
         self._record(state, completion, completion.text)
         state.n_passes += 1
         if completion.finish_reason == "stop" and completion.stop == END_QUERY:
             query = extract_query(completion.text)
-            if query and not self.last_pass(state):
+            if query and not final:
                 return query
             state.finish("max_turns" if query else "eos")
             return None

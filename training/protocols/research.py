@@ -112,15 +112,16 @@ class ReSearchProtocol(SearchProtocol):
     def build_prompt(self, question: str, tokenizer: Any | None = None) -> str:
         """Instruct: system template + question through the chat template; base: the plain template."""
         if self.template == "base":
-            return self.base_template.format(question=question)
+            return self.base_template.replace("{question}", question)
         return chat_prompt(tokenizer, self.system_template, question)
 
     def on_completion(self, state: AgentState, completion: Completion) -> str | None:
         """Stop on ``</search>`` -> search (unless this was the last pass); EOS/other stop -> done; length -> done."""
+        final = self.last_pass(state)
         self._record(state, completion, completion.text)
         state.n_passes += 1
         if completion.finish_reason == "stop" and completion.stop == SEARCH_STOP:
-            if self.last_pass(state):
+            if final:
                 state.finish("max_turns")
                 return None
             return extract_query(completion.text) or ""

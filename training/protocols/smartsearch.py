@@ -76,11 +76,12 @@ class SmartSearchProtocol(ReSearchProtocol):
 
     def on_completion(self, state: AgentState, completion: Completion) -> str | None:
         """Search when the step stopped on ``</search>`` with well-paired tags; otherwise the trajectory ends."""
+        final = self.last_pass(state)
         self._record(state, completion, completion.text)
         state.n_passes += 1
         if completion.finish_reason == "stop" and completion.stop == "</search>":
             query = extract_query(completion.text)
-            if query is not None and not self.last_pass(state):
+            if query is not None and not final:
                 return query
             state.finish("max_turns" if query is not None else "eos")
             return None

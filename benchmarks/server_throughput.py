@@ -1,0 +1,222 @@
+"""Retriever server throughput vs in-process batched search vs the seeds' per-request server, from ONE run.
+
+For each backend (dense = all-MiniLM-L6-v2 + faiss Flat over a slice of the mini corpus; bm25 over the whole mini
+corpus), over the same index directory:
+  (a) in-process: one ``searcher.search(all_queries, k)`` call, queries/s;
+  (b) our server (micro-batching on, cache off), a separate uvicorn process on 127.0.0.1: throughput and p50/p99
+      latency at 1, 16 and 64 concurrent clients (httpx async, one query per ``POST /search``);
+  (c) the baseline server: the same app with batching off (one ``search`` per request in a thread pool, the
+      ReSearch/SmartSearch/Search-R1 pattern), same clients.
+Prints a table and the ratios server/in-process and server/baseline at 64 clients (targets >= 0.9 and >= 5).
+Queries are unique within each run (dev questions), and the cache is off, so no request is served from memory.
+
+    PYTHONPATH=. nice -n 10 python benchmarks/server_throughput.py [--backends dense,bm25] [--passages 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(REPO))
+
+
+def load_queries(limit: int) -> list[str]:
+    """Unique dev questions: the shared full sets when present (SEARCHLOOP_SHARED_DATA_DIR), else the minis."""
+    from infra.settings import get_settings
+
+    shared = get_settings().shared_data_dir / "eval"
+    files = sorted(shared.glob("*_dev.jsonl")) + sorted(shared.glob("*_test.jsonl"))
+    if not files:
+        files = sorted((REPO / "data" / "eval").glob("*_mini.jsonl"))
+    seen: dict[str, None] = {}
+    for f in files:
+        for line in f.read_bytes().splitlines():
+            if line.strip():
+                seen.setdefault(orjson.loads(line)["question"], None)
+    return list(seen)[:limit]
+
+
+def build(backend: str, passages: int, out: Path) -> Path:
+    """Build the benchmark index with the project's own index builder."""
+    from retrieval.index import IndexBuildConfig, build_index
+
+    cfg = IndexBuildConfig(
+        corpus=str(REPO / "data" / "corpus" / "mini.jsonl"), backend=backend,
+        limit=passages if backend == "dense" else None,
+    )
+    t0 = time.perf_counter()
+    ref = build_index(cfg, out / backend)
+    print(f"built {backend} index: {ref.n_passages} passages in {time.perf_counter() - t0:.1f} s", flush=True)
+    return Path(ref.uri)
+
+
+def in_process(index_dir: Path, queries: list[str], k: int) -> tuple[float, float]:
+    """Queries/s and CPU ms per query of one batched search call (after a warm-up call)."""
+    from retrieval.index import load_searcher
+
+    searcher = load_searcher(index_dir)
+    searcher.search(queries[:64], k)
+    t0, c0 = time.perf_counter(), time.process_time()
+    searcher.search(queries, k)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return len(queries) / wall, 1000 * cpu / len(queries)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server_process(index_dir: Path, batching: bool):
+    """Start ``searchloop serve retriever`` on a free loopback port; yield its URL."""
+    from retrieval.client import RetrieverClient
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "flows.cli", "serve", "retriever", "--index", str(index_dir), "--port", str(port),
+           "--cache-size", "0", "--max-batch", "256"]
+    if not batching:
+        cmd.append("--no-batching")
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        with RetrieverClient(url, retries=0) as client:
+            client.wait_until_ready(timeout_s=180)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def _load(url: str, queries: list[str], clients: int, k: int, pid: int) -> dict[str, float]:
+    import httpx
+
+    latencies: list[float] = []
+    todo = iter(queries)
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        for q in todo:
+            t0 = time.perf_counter()
+            r = await client.post("/search", json={"query": q, "top_n": k})
+            r.raise_for_status()
+            latencies.append(time.perf_counter() - t0)
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+        todo = iter(queries[: 2 * clients])  # warm-up: open the connections
+        await asyncio.gather(*(worker(client) for _ in range(clients)))
+        latencies.clear()
+        todo = iter(queries)
+        t0, c0, s0 = time.perf_counter(), time.process_time(), _cpu_seconds(pid)
+        await asyncio.gather(*(worker(client) for _ in range(clients)))
+        wall, client_cpu, server_cpu = time.perf_counter() - t0, time.process_time() - c0, _cpu_seconds(pid) - s0
+    latencies.sort()
+    n = len(latencies)
+    return {
+        "qps": n / wall,
+        "server_cpu_ms": 1000 * server_cpu / n,
+        "client_cpu_ms": 1000 * client_cpu / n,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "requests": len(latencies),
+    }
+
+
+def http_rows(url: str, pid: int, queries: list[str], levels: list[int], k: int, min_requests: int) -> dict[int, dict]:
+    """Throughput/latency per concurrency level, each level over fresh unique queries."""
+    rows = {}
+    offset = 0
+    for c in levels:
+        n = max(min_requests, 10 * c)
+        chunk = [queries[(offset + i) % len(queries)] for i in range(n)]
+        offset += n
+        rows[c] = r = asyncio.run(_load(url, chunk, c, k, pid))
+        print(f"  {c:>3} clients: {r['qps']:8.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
+              f"server cpu {r['server_cpu_ms']:.2f} ms/q  client cpu {r['client_cpu_ms']:.2f} ms/q", flush=True)
+    return rows
+
+
+def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp: Path) -> dict[str, Any]:
+    index_dir = build(backend, args.passages, tmp)
+    inproc, inproc_cpu = in_process(index_dir, queries[: args.inprocess_queries], args.k)
+    print(f"[{backend}] in-process batched: {inproc:.1f} q/s, cpu {inproc_cpu:.2f} ms/q", flush=True)
+    out: dict[str, Any] = {"backend": backend, "in_process_qps": inproc, "in_process_cpu_ms": inproc_cpu}
+    for name, batching in (("server", True), ("baseline", False)):
+        print(f"[{backend}] {name} (batching={batching})", flush=True)
+        with server_process(index_dir, batching) as (url, pid):
+            out[name] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests)
+    top = max(args.clients)
+    out["server_vs_in_process"] = out["server"][top]["qps"] / inproc
+    out["server_vs_baseline"] = out["server"][top]["qps"] / out["baseline"][top]["qps"]
+    out["cpu_efficiency"] = inproc_cpu / out["server"][top]["server_cpu_ms"]
+    return out
+
+
+def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
+    top = max(levels)
+    print("\nbackend   mode        clients      q/s   p50 ms   p99 ms  server cpu ms/q  client cpu ms/q")
+    for res in results:
+        print(f"{res['backend']:<9} in-process        -  {res['in_process_qps']:7.1f}        -        -  "
+              f"{res['in_process_cpu_ms']:15.2f}                -")
+        for mode in ("server", "baseline"):
+            for c in levels:
+                r = res[mode][c]
+                print(f"{res['backend']:<9} {mode:<10} {c:>8}  {r['qps']:7.1f}  {r['p50_ms']:7.1f}  "
+                      f"{r['p99_ms']:7.1f}  {r['server_cpu_ms']:15.2f}  {r['client_cpu_ms']:15.2f}")
+    print()
+    for res in results:
+        print(f"{res['backend']}: server/in-process at {top} clients = {res['server_vs_in_process']:.2f} "
+              f"(target >= 0.9); server/baseline at {top} clients = {res['server_vs_baseline']:.2f} (target >= 5); "
+              f"search share of server CPU (in-process cpu/q / server cpu/q) = {res['cpu_efficiency']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--backends", default="dense,bm25", help="Comma list of dense, bm25.")
+    p.add_argument("--passages", type=int, default=1000, help="Passages of the mini corpus in the dense index.")
+    p.add_argument("--clients", default="1,16,64", help="Concurrency levels.")
+    p.add_argument("--k", type=int, default=5, help="Documents per query.")
+    p.add_argument("--min-requests", type=int, default=160, help="Requests per level (at least 10 x clients).")
+    p.add_argument("--inprocess-queries", type=int, default=1024, help="Queries in the in-process batch.")
+    p.add_argument("--json", type=Path, default=None, help="Also write the results here.")
+    p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built indexes here.")
+    args = p.parse_args(argv)
+    args.clients = [int(c) for c in args.clients.split(",")]
+    queries = load_queries(4096)
+    print(f"{len(queries)} unique queries; cpu cores: {os.cpu_count()}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="searchloop-bench-") as tmp:
+        work = args.work_dir or Path(tmp)
+        for backend in args.backends.split(","):
+            results.append(run_backend(backend.strip(), args, queries, work))
+    print_table(results, args.clients)
+    if args.json:
+        args.json.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+
+
+if __name__ == "__main__":
+    main()

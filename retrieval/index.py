@@ -1,0 +1,261 @@
+"""Index builds and loading: one config, one ``build_index`` for every backend, one ``load_searcher`` for all.
+
+A build writes a directory: the passage store, the backend's files, and ``manifest.json`` last (backend, full
+config, config hash, corpus hash, counts, sizes, timings). ``load_searcher(dir)`` reads the manifest and returns the
+right Searcher. A hybrid index is a manifest over two complete sub-index directories. The build runs in stages
+(``plan_index`` -> ``embed_shard`` per dense shard -> ``finalize_index``) so the Prefect flow can retry and cache
+each stage; ``build_index`` runs the same stages in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.artifacts import MANIFEST, local_path, read_manifest, require_manifest, write_manifest
+from infra.config import StrictModel, config_hash
+from infra.errors import ArtifactError, ConfigError
+from infra.settings import REPO_ROOT, get_settings
+from retrieval.colbert import ColbertConfig
+from retrieval.dense import SHARDS_DIR, DenseIndexConfig, ShardRef
+from retrieval.encoders import EncoderConfig
+from retrieval.hybrid import HybridConfig
+from retrieval.store import StoreInfo
+from retrieval.types import Searcher
+
+log = logging.getLogger(__name__)
+
+Backend = Literal["bm25", "dense", "colbert", "hybrid"]
+BASE_BACKENDS = ("bm25", "dense", "colbert")
+SHARED_PREFIX = "shared:"
+
+
+class BM25Config(StrictModel):
+    """BM25 parameters (bm25s, Lucene variant)."""
+
+    k1: float = Field(default=1.2, gt=0, description="Term-frequency saturation.")
+    b: float = Field(default=0.75, ge=0, le=1, description="Length normalization.")
+
+
+class IndexBuildConfig(StrictModel):
+    """Everything that determines an index: corpus, backend and the backend's parameters."""
+
+    corpus: str = Field(
+        description="Corpus jsonl (path or s3:// URI). Relative paths resolve from the working directory, then the "
+        "repository; 'shared:<rel>' resolves under the shared data dir (SEARCHLOOP_SHARED_DATA_DIR)."
+    )
+    backend: Backend = Field(default="bm25", description="bm25, dense (faiss), colbert (late interaction), hybrid.")
+    split_words: int | None = Field(
+        default=None, ge=10, description="Split documents longer than this many words (~100 = DPR/KILT); None = keep."
+    )
+    limit: int | None = Field(default=None, ge=1, description="Index only the first N passages (quick runs).")
+    shard_size: int = Field(default=4096, ge=1, description="Passages per embedding shard (dense).")
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="Dense encoder.")
+    faiss: DenseIndexConfig = Field(default_factory=DenseIndexConfig, description="faiss index type and params.")
+    colbert: ColbertConfig = Field(default_factory=ColbertConfig, description="Late-interaction engine and params.")
+    bm25: BM25Config = Field(default_factory=BM25Config, description="BM25 parameters.")
+    hybrid: HybridConfig = Field(default_factory=HybridConfig, description="Backends fused by the hybrid index.")
+
+
+class IndexRef(BaseModel):
+    """A finished index directory and its headline facts (what tasks pass around)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    uri: str = Field(description="Index directory.")
+    backend: str = Field(description="Backend name.")
+    n_passages: int = Field(description="Indexed passages (after splitting).")
+    n_source_rows: int = Field(description="Corpus rows the passages came from.")
+    size_bytes: int = Field(description="Bytes on disk, excluding embedding shards.")
+    shards_bytes: int = Field(default=0, description="Bytes of dense embedding shards kept for rebuilds.")
+    timings: dict[str, float] = Field(default_factory=dict, description="Stage wall times in seconds.")
+    config_hash: str = Field(description="Hash of the IndexBuildConfig.")
+    corpus_sha256: str = Field(description="SHA-256 of the corpus file.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Effective backend parameters.")
+    reused: bool = Field(default=False, description="True when a complete identical index was found and kept.")
+
+
+class IndexPlan(BaseModel):
+    """Result of the first build stage: the passage store is written and dense shards are planned."""
+
+    model_config = ConfigDict(frozen=True)
+
+    out_dir: str = Field(description="Index directory being built.")
+    corpus: str = Field(description="Resolved corpus path.")
+    corpus_sha256: str = Field(description="SHA-256 of the corpus file.")
+    store: StoreInfo = Field(description="Passage store facts and shard plan.")
+    seconds: float = Field(description="Time spent validating the corpus and writing the store.")
+
+
+def resolve_data_path(path: str) -> str:
+    """Resolve ``shared:<rel>``, then relative paths (working dir first, then the repository); URIs pass through."""
+    if path.startswith(SHARED_PREFIX):
+        return str(get_settings().shared_data_dir / path.removeprefix(SHARED_PREFIX).lstrip("/"))
+    if "://" in path or os.path.isabs(path) or os.path.exists(path):
+        return path
+    candidate = REPO_ROOT / path
+    return str(candidate) if candidate.exists() else path
+
+
+def _dir_bytes(d: Path, exclude: str | None = None) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and not (exclude and exclude in p.parts))
+
+
+def _reusable(cfg: IndexBuildConfig, out: Path, corpus_sha: str) -> IndexRef | None:
+    m = read_manifest(out)
+    if m and m.get("config_hash") == config_hash(cfg) and m.get("corpus_sha256") == corpus_sha:
+        return IndexRef.model_validate({**m["ref"], "reused": True})
+    return None
+
+
+def plan_index(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str]) -> IndexPlan:
+    """Stage 1: validate the corpus while streaming it into the passage store; plan embedding shards.
+
+    The old manifest (if any) is removed first so a crash leaves the directory marked incomplete; finished
+    shards in ``shards/`` are kept for resumption.
+    """
+    from retrieval.corpus import corpus_fingerprint
+    from retrieval.store import write_store
+
+    if cfg.backend == "hybrid":
+        raise ConfigError("plan_index builds one backend; hybrid indexes are built by build_index")
+    out = local_path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    corpus = resolve_data_path(cfg.corpus)
+    t0 = time.perf_counter()
+    sha = corpus_fingerprint(corpus) if "://" in corpus or Path(corpus).exists() else ""
+    store = write_store(corpus, out, cfg.shard_size, cfg.split_words, cfg.limit)
+    if store.n_passages == 0:
+        raise ConfigError(f"corpus {corpus} yielded no passages; check the file and 'limit'")
+    return IndexPlan(out_dir=str(out), corpus=corpus, corpus_sha256=sha, store=store,
+                     seconds=time.perf_counter() - t0)
+
+
+def _build_backend(cfg: IndexBuildConfig, out: Path, shards: list[ShardRef]) -> dict[str, Any]:
+    if cfg.backend == "bm25":
+        from retrieval.bm25 import BM25Searcher
+        from retrieval.store import PassageStore
+
+        BM25Searcher.build(list(PassageStore(out)), k1=cfg.bm25.k1, b=cfg.bm25.b).save(out, write_passages=False)
+        return {"k1": cfg.bm25.k1, "b": cfg.bm25.b}
+    if cfg.backend == "dense":
+        from retrieval.dense import INDEX_FILE, build_faiss_index
+
+        return build_faiss_index(shards, cfg.faiss, out / INDEX_FILE)
+    from retrieval.colbert import build_colbert_index
+
+    return build_colbert_index(out, cfg.colbert)
+
+
+def finalize_index(cfg: IndexBuildConfig, plan: IndexPlan, shards: list[ShardRef] | None = None) -> IndexRef:
+    """Stage 3: build the backend's index from the store (and dense shards) and write the manifest last."""
+    out = Path(plan.out_dir)
+    shards = list(shards or [])
+    if cfg.backend == "dense" and len(shards) != len(plan.store.shards):
+        raise ArtifactError(f"dense build of {out} has {len(shards)} of {len(plan.store.shards)} shards; rerun it")
+    t0 = time.perf_counter()
+    params = _build_backend(cfg, out, shards)
+    timings = {"store_s": plan.seconds, "index_s": time.perf_counter() - t0,
+               "embed_s": sum(s.seconds for s in shards), "shards_cached": float(sum(s.cached for s in shards))}
+    ref = IndexRef(
+        uri=str(out), backend=cfg.backend, n_passages=plan.store.n_passages, n_source_rows=plan.store.n_source_rows,
+        size_bytes=_dir_bytes(out, exclude=SHARDS_DIR), shards_bytes=_dir_bytes(out / SHARDS_DIR)
+        if (out / SHARDS_DIR).exists() else 0, timings=timings, config_hash=config_hash(cfg),
+        corpus_sha256=plan.corpus_sha256, params=params,
+    )
+    write_manifest(out, kind="index", backend=cfg.backend, config=cfg.model_dump(mode="json"),
+                   config_hash=ref.config_hash, corpus=plan.corpus, corpus_sha256=plan.corpus_sha256,
+                   shards=[s.model_dump() for s in shards], ref=ref.model_dump())
+    return ref
+
+
+def part_config(cfg: IndexBuildConfig, part: str) -> IndexBuildConfig:
+    """The config of one sub-index of a hybrid index."""
+    if part not in BASE_BACKENDS:
+        raise ConfigError(f"hybrid part {part!r} must be one of {', '.join(BASE_BACKENDS)}")
+    return cfg.model_copy(update={"backend": part})
+
+
+def finalize_hybrid(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str], parts: list[IndexRef]) -> IndexRef:
+    """Write the manifest of a hybrid index over finished sub-indexes in ``out_dir/<backend>``."""
+    out = local_path(out_dir)
+    ref = IndexRef(
+        uri=str(out), backend="hybrid", n_passages=parts[0].n_passages, n_source_rows=parts[0].n_source_rows,
+        size_bytes=sum(p.size_bytes for p in parts), shards_bytes=sum(p.shards_bytes for p in parts),
+        timings={f"{p.backend}.{k}": v for p in parts for k, v in p.timings.items()},
+        config_hash=config_hash(cfg), corpus_sha256=parts[0].corpus_sha256,
+        params={"parts": [p.backend for p in parts], "rrf_k": cfg.hybrid.rrf_k, "candidates": cfg.hybrid.candidates},
+    )
+    write_manifest(out, kind="index", backend="hybrid", config=cfg.model_dump(mode="json"),
+                   config_hash=ref.config_hash, corpus=resolve_data_path(cfg.corpus),
+                   corpus_sha256=ref.corpus_sha256, parts=[p.backend for p in parts], ref=ref.model_dump())
+    return ref
+
+
+def default_index_dir(cfg: IndexBuildConfig) -> Path:
+    """``<home>/runs/indexes/<backend>-<config hash>``."""
+    return get_settings().runs_dir / "indexes" / f"{cfg.backend}-{config_hash(cfg)}"
+
+
+def build_index(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str] | None = None, force: bool = False) -> IndexRef:
+    """Build (or resume, or reuse) the index described by ``cfg`` in ``out_dir``.
+
+    Args:
+        cfg: the build config.
+        out_dir: target directory (default: :func:`default_index_dir`).
+        force: rebuild even when a complete index with the same config and corpus is there.
+    """
+    from retrieval.dense import embed_shard
+
+    out = Path(out_dir) if out_dir is not None else default_index_dir(cfg)
+    if not force and (old := read_manifest(out)) and old.get("config_hash") == config_hash(cfg):
+        from retrieval.corpus import corpus_fingerprint
+
+        if (ref := _reusable(cfg, out, corpus_fingerprint(resolve_data_path(cfg.corpus)))) is not None:
+            return ref
+    if cfg.backend == "hybrid":
+        parts = [build_index(part_config(cfg, p), out / p, force) for p in (cfg.hybrid.first, cfg.hybrid.second)]
+        return finalize_hybrid(cfg, out, parts)
+    plan = plan_index(cfg, out)
+    shards = []
+    if cfg.backend == "dense":
+        shards = [embed_shard(out, spec, out / SHARDS_DIR, cfg.encoder) for spec in plan.store.shards]
+    return finalize_index(cfg, plan, shards)
+
+
+def load_searcher(index_dir: str | Path) -> Searcher:
+    """Open a finished index directory (any backend) as a Searcher.
+
+    Raises:
+        ArtifactError: when the directory has no manifest (missing or unfinished build).
+    """
+    manifest = require_manifest(index_dir, kind="index")
+    cfg = IndexBuildConfig.model_validate(manifest["config"])
+    backend = manifest.get("backend")
+    d = local_path(index_dir)
+    if backend == "bm25":
+        from retrieval.bm25 import BM25Searcher
+
+        return BM25Searcher.load(d)
+    if backend == "dense":
+        from retrieval.dense import DenseSearcher
+        from retrieval.encoders import get_encoder
+
+        return DenseSearcher.load(d, cfg.faiss, get_encoder(cfg.encoder))
+    if backend == "colbert":
+        from retrieval.colbert import ColbertSearcher
+
+        return ColbertSearcher.load(d, cfg.colbert)
+    if backend == "hybrid":
+        from retrieval.hybrid import HybridSearcher
+
+        first, second = manifest["parts"]
+        return HybridSearcher(load_searcher(d / first), load_searcher(d / second), cfg.hybrid.rrf_k,
+                              cfg.hybrid.candidates)
+    raise ArtifactError(f"{index_dir}/manifest.json has unknown backend {backend!r}; rebuild the index")

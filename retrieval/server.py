@@ -1,0 +1,386 @@
+"""The retriever HTTP service: one FastAPI app serving any ``Searcher`` in every seed's wire format.
+
+Endpoints (shapes in :mod:`retrieval.wire`): ``POST /search``, ``POST /batch_search`` (FlashRAG/ReSearch/
+SmartSearch), ``POST /retrieve`` (Search-R1/verl/ASearcher), ``POST /queries`` (R1-Searcher), ``GET /api/search``
+(ExSearch), ``POST /v1/search`` (our client), ``GET /health`` and the OpenAPI docs at ``/docs``.
+
+Every request goes through one :class:`retrieval.batching.SearchService`: an LRU cache, then a micro-batcher that
+turns concurrent requests into one searcher call (or, with ``batching.enabled=false``, the seeds' per-request
+thread pool, kept as the benchmark baseline).
+
+Error policy (all errors are JSON ``{"error": message, "detail": ...}``; a malformed request never gets a 500):
+- 401: a token is configured and the ``Authorization: Bearer`` header is missing or wrong (``/health`` and the
+  docs stay open so liveness probes work);
+- 413: body over ``limits.max_body_bytes``, more than ``limits.max_queries_per_request`` queries, or a query longer
+  than ``limits.max_query_chars``;
+- 422: bad JSON, missing fields, wrong types (no coercion), an empty query list, an empty/blank query, ``k < 1``,
+  or ``k > limits.max_k`` (rejected rather than clamped, so a client never silently gets fewer documents);
+- 503 + ``Retry-After``: the searcher raised, or the waiting queue is full; both are worth retrying;
+- 500 only for a bug in the server itself (still JSON).
+The server binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import Field, SecretStr
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from infra.config import StrictModel
+from retrieval import wire
+from retrieval.batching import (
+    MicroBatcher,
+    OverloadedError,
+    PerRequestRunner,
+    QueryCache,
+    SearchBackendError,
+    SearchService,
+)
+from retrieval.types import Hit, Searcher
+
+log = logging.getLogger(__name__)
+
+
+class BatchingConfig(StrictModel):
+    """How concurrent requests are coalesced."""
+
+    enabled: bool = Field(default=True, description="Micro-batch concurrent requests; false = one search per request.")
+    max_batch_queries: int = Field(default=256, ge=1, description="Close a batch once this many queries wait.")
+    max_wait_ms: float = Field(
+        default=0.0, ge=0, description="Extra wait for more requests after the first; 0 = batch whatever queued "
+        "while the previous search ran (no added latency when idle)."
+    )
+    max_pending_queries: int = Field(default=8192, ge=1, description="Queue bound; beyond it requests get 503.")
+    baseline_threads: int = Field(default=8, ge=1, description="Thread pool size when batching is disabled.")
+
+
+class LimitsConfig(StrictModel):
+    """Request limits; requests beyond them get a 4xx JSON error."""
+
+    max_k: int = Field(default=100, ge=1, description="Largest k a request may ask for (422 above).")
+    max_queries_per_request: int = Field(default=512, ge=1, description="Most queries in one request (413 above).")
+    max_query_chars: int = Field(default=4096, ge=1, description="Longest query in characters (413 above).")
+    max_body_bytes: int = Field(default=2_000_000, ge=1024, description="Largest request body (413 above).")
+
+
+class ServerConfig(StrictModel):
+    """Retriever server settings."""
+
+    host: str = Field(default="127.0.0.1", description="Bind address; keep loopback unless a token is set.")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0 = any free port).")
+    token: SecretStr | None = Field(default=None, description="Bearer token required on search endpoints if set.")
+    default_k: int = Field(default=10, ge=1, description="k when a request leaves it null (/retrieve, /queries).")
+    cache_size: int = Field(default=50_000, ge=0, description="LRU entries (query, k) -> hits; 0 disables the cache.")
+    batching: BatchingConfig = Field(default_factory=BatchingConfig, description="Micro-batching settings.")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request size and k limits.")
+    log_level: str = Field(default="warning", description="uvicorn log level.")
+
+
+class RequestError(Exception):
+    """A client error with its HTTP status and a message naming the bad value and the fix."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """Serialise with orjson (fast, and safe for any float the searcher returns)."""
+    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status, headers, "application/json")
+
+
+def _error(status: int, message: str, detail: Any = None, headers: dict[str, str] | None = None) -> Response:
+    return json_response({"error": message, "detail": detail if detail is not None else message}, status, headers)
+
+
+def check_request(queries: list[str], k: int, k_name: str, limits: LimitsConfig) -> None:
+    """Validate a request against the limits.
+
+    Raises:
+        RequestError: 422 for empty lists, blank queries and k out of [1, max_k]; 413 for oversize requests.
+    """
+    if not queries:
+        raise RequestError(422, "the query list is empty; send at least one query")
+    if len(queries) > limits.max_queries_per_request:
+        raise RequestError(
+            413, f"{len(queries)} queries in one request; split it into requests of at most "
+            f"{limits.max_queries_per_request}"
+        )
+    for i, q in enumerate(queries):
+        if not q.strip():
+            raise RequestError(422, f"query #{i} is empty or blank; drop it or send text to search for")
+        if len(q) > limits.max_query_chars:
+            raise RequestError(413, f"query #{i} has {len(q)} characters; the limit is {limits.max_query_chars}")
+    if k < 1:
+        raise RequestError(422, f"{k_name}={k} is invalid; ask for at least 1 document")
+    if k > limits.max_k:
+        raise RequestError(422, f"{k_name}={k} exceeds this server's cap of {limits.max_k}; ask for at most that")
+
+
+class BodyLimitMiddleware:
+    """Pure ASGI middleware: answer 413 to bodies over ``max_bytes`` (by header, or counted while buffering)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await self._reject(send)
+            return
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            total += len(chunks[-1])
+            if total > self.max_bytes:
+                await self._reject(send)
+                return
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, send: Any) -> None:
+        msg = f"request body exceeds {self.max_bytes} bytes; send fewer or shorter queries per request"
+        response = _error(413, msg)
+        await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+        errors = [
+            {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in exc.errors()
+        ]
+        summary = "; ".join(f"{'.'.join(e['loc'][1:]) or 'body'}: {e['msg']}" for e in errors[:5])
+        return _error(422, f"invalid request ({summary}); see /docs for the schema", errors)
+
+    @app.exception_handler(RequestError)
+    async def _request(_: Request, exc: RequestError) -> Response:
+        return _error(exc.status, exc.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        return _error(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(SearchBackendError)
+    async def _backend(_: Request, exc: SearchBackendError) -> Response:
+        return _error(503, f"search backend failed ({exc}); retry, and check the server log if it persists",
+                      headers={"Retry-After": "1"})
+
+    @app.exception_handler(OverloadedError)
+    async def _overloaded(_: Request, exc: OverloadedError) -> Response:
+        return _error(503, f"server overloaded: {exc}", headers={"Retry-After": "1"})
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> Response:
+        log.exception("unhandled server error")
+        return _error(500, f"internal server error ({type(exc).__name__}); this is a bug, please report it")
+
+
+def _make_service(searcher: Searcher, config: ServerConfig) -> SearchService:
+    b = config.batching
+    runner: MicroBatcher | PerRequestRunner
+    if b.enabled:
+        runner = MicroBatcher(searcher.search, b.max_batch_queries, b.max_wait_ms / 1000, b.max_pending_queries)
+    else:
+        runner = PerRequestRunner(searcher.search, b.baseline_threads)
+    return SearchService(runner, QueryCache(config.cache_size))
+
+
+def _auth_dependency(config: ServerConfig) -> Any:
+    expected = config.token.get_secret_value().encode() if config.token else None
+
+    async def check_token(request: Request) -> None:
+        if expected is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise StarletteHTTPException(
+                401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return check_token
+
+
+def _index_size(searcher: Searcher) -> int | None:
+    for attr in ("passages", "store"):
+        try:
+            return len(getattr(searcher, attr))
+        except (AttributeError, TypeError):
+            continue
+    return None
+
+
+def _health(searcher: Searcher, config: ServerConfig, service: SearchService) -> dict[str, Any]:
+    return {
+        "status": "healthy",
+        "retrievers": {"total": 1, "available": 1},
+        "index": {"name": searcher.name, "passages": _index_size(searcher)},
+        "batching": config.batching.model_dump(),
+        "limits": config.limits.model_dump(),
+        "default_k": config.default_k,
+        "auth": config.token is not None,
+        "stats": {
+            "requests": service.requests,
+            "searcher_calls": service.runner.calls,
+            "searched_queries": service.runner.searched_queries,
+            "cache_entries": len(service.cache),
+            "cache_hits": service.cache.hits,
+            "cache_misses": service.cache.misses,
+        },
+    }
+
+
+def create_app(searcher: Searcher, config: ServerConfig | None = None) -> FastAPI:
+    """Build the FastAPI app serving ``searcher`` (start it with :func:`serve` or :func:`serve_in_thread`)."""
+    config = config or ServerConfig()
+    limits = config.limits
+    service = _make_service(searcher, config)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.runner.start()
+        try:
+            yield
+        finally:
+            await service.runner.close()
+
+    app = FastAPI(
+        title="searchloop retriever",
+        version="1.0",
+        description="One index, every seed's retriever API. Errors are JSON {error, detail}.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    _install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
+    api = APIRouter(dependencies=[Depends(_auth_dependency(config))])
+
+    async def run(queries: list[str], k: int | None, k_name: str) -> list[list[Hit]]:
+        k = config.default_k if k is None else k
+        check_request(queries, k, k_name, limits)
+        return await service.search(queries, k)
+
+    @api.post("/search", response_model=list[wire.DocOut] | tuple[list[wire.DocOut], list[float]])
+    async def search(req: wire.SearchRequest) -> Response:
+        """FlashRAG/ReSearch/SmartSearch single query: ``docs`` or ``[docs, scores]``."""
+        hits = (await run([req.query], req.top_n, "top_n"))[0]
+        return json_response(wire.search_response(hits, req.return_score))
+
+    @api.post(
+        "/batch_search",
+        response_model=list[list[wire.DocOut]] | tuple[list[list[wire.DocOut]], list[list[float]]],
+    )
+    async def batch_search(req: wire.BatchSearchRequest) -> Response:
+        """FlashRAG/ReSearch batch: ``doc_lists`` or ``[doc_lists, score_lists]``."""
+        results = await run(req.query, req.top_n, "top_n")
+        return json_response(wire.batch_search_response(results, req.return_score))
+
+    @api.post("/retrieve", response_model=wire.RetrieveResponse)
+    async def retrieve(req: wire.RetrieveRequest) -> Response:
+        """Search-R1 / verl search tool / ASearcher."""
+        results = await run(req.queries, req.topk, "topk")
+        return json_response(wire.retrieve_response(results, req.return_scores))
+
+    @api.post("/queries", response_model=wire.QueriesResponse)
+    async def queries(req: wire.QueriesRequest) -> Response:
+        """R1-Searcher: document contents per query."""
+        results = await run(req.queries, req.k, "k")
+        return json_response(wire.queries_response(req.queries, results))
+
+    @api.get("/api/search", response_model=wire.ExSearchResponse)
+    async def exsearch(
+        query: str = Query(description="The query."), k: int = Query(default=10, description="Hits to return.")
+    ) -> Response:
+        """ExSearch (ColBERT server API): ``title | passage`` texts with softmax probabilities."""
+        hits = (await run([query], k, "k"))[0]
+        return json_response(wire.exsearch_response(query, hits))
+
+    @api.post("/v1/search", response_model=wire.V1SearchResponse)
+    async def v1_search(req: wire.V1SearchRequest) -> Response:
+        """searchloop's own format: id, title, text and score per hit."""
+        return json_response(wire.v1_response(await run(req.queries, req.k, "k")))
+
+    @app.get("/health")
+    async def health() -> Response:
+        """Liveness plus index, limits and batching/cache statistics (ReSearch-compatible keys)."""
+        return json_response(_health(searcher, config, service))
+
+    app.include_router(api)
+    return app
+
+
+def serve(searcher: Searcher, config: ServerConfig | None = None) -> None:
+    """Run the server in the foreground until interrupted."""
+    import uvicorn
+
+    config = config or ServerConfig()
+    if config.host not in {"127.0.0.1", "localhost", "::1"} and config.token is None:
+        log.warning("serving on %s without a token: anyone who can reach this port can query it", config.host)
+    uvicorn.run(
+        create_app(searcher, config), host=config.host, port=config.port, log_level=config.log_level,
+        access_log=False, timeout_keep_alive=30,
+    )
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0) -> Iterator[str]:
+    """Run ``app`` under uvicorn in a daemon thread; yield its base URL; stop it on exit.
+
+    Raises:
+        RuntimeError: the server did not start within ``timeout_s``.
+    """
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="retriever-server")
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError(f"retriever server did not start on {host}:{port} within {timeout_s} s")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout_s)
+        sock.close()

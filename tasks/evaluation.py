@@ -1,0 +1,35 @@
+"""Prefect tasks of the evaluate flow: one agent evaluation per dataset, then the summary (thin wrappers)."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from training.agent_eval import (
+    AgentEvalConfig,
+    DatasetEvalRef,
+    EvalSummary,
+    evaluate_dataset,
+    summarize_evaluations,
+)
+
+
+@task(name="evaluate-dataset", retries=2, retry_delay_seconds=5, timeout_seconds=4 * 3600, tags=["agent"],
+      task_run_name="evaluate-{cfg.protocol}-{dataset}")
+def evaluate_dataset_task(cfg: AgentEvalConfig, dataset: str, out_dir: str) -> DatasetEvalRef:
+    """Roll out and score one dataset (a finished directory is reused, so a retry redoes only what failed)."""
+    return evaluate_dataset(cfg, dataset, out_dir)
+
+
+@task(name="summarize-evaluation", retries=1)
+def summarize_task(refs: list[DatasetEvalRef], protocols: list[str], out_dir: str, title: str,
+                   details: dict) -> EvalSummary:
+    """Aggregate the datasets into the report."""
+    return summarize_evaluations(refs, protocols, out_dir, title, details)
+
+
+@task(name="log-evaluation", retries=2, retry_delay_seconds=2)
+def log_evaluation_task(run_id: str, summary: EvalSummary, refs: list[DatasetEvalRef]) -> None:
+    """Log per-dataset metrics, the report and the predictions to the MLflow run."""
+    from training.agent_eval import log_evaluation
+
+    log_evaluation(run_id, summary, refs)

@@ -1,0 +1,114 @@
+"""Dense backend: encoder prefixes, sharded embedding with crash/resume, faiss Flat/HNSW/IVF-PQ, real MiniLM."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infra.errors import ConfigError
+from retrieval.dense import SHARDS_DIR, DenseIndexConfig, DenseSearcher, build_faiss_index, embed_shard
+from retrieval.encoders import BGE_QUERY_INSTRUCTION, EncoderConfig, default_prefixes
+from retrieval.index import IndexBuildConfig, build_index, finalize_index, load_searcher, plan_index
+from retrieval.store import PassageStore
+
+
+def test_prefixes_per_model_family() -> None:
+    assert default_prefixes("intfloat/e5-base-v2") == ("query: ", "passage: ")
+    assert default_prefixes("/models/multilingual-e5-small/") == ("query: ", "passage: ")
+    assert default_prefixes("BAAI/bge-small-en-v1.5") == (BGE_QUERY_INSTRUCTION, "")
+    assert default_prefixes("minilm") == ("", "")
+
+
+def test_store_shards_hash_contents(mini_corpus_path, tmp_path) -> None:
+    from retrieval.store import write_store
+
+    a = write_store(mini_corpus_path, tmp_path / "a", shard_size=100, limit=250)
+    b = write_store(mini_corpus_path, tmp_path / "b", shard_size=100, limit=250)
+    assert [(s.start, s.stop) for s in a.shards] == [(0, 100), (100, 200), (200, 250)]
+    assert [s.content_hash for s in a.shards] == [s.content_hash for s in b.shards]
+    assert len({s.content_hash for s in a.shards}) == 3
+    store = PassageStore(tmp_path / "a")
+    assert len(store) == 250 and store[0].id == "mhw-0" and store.rows(248, 999)[-1].id == store[249].id
+
+
+def test_crashed_build_resumes_from_last_finished_shard(mini_corpus_path, tmp_path, hashing_encoder) -> None:
+    cfg = IndexBuildConfig(corpus=str(mini_corpus_path), backend="dense", limit=500, shard_size=100)
+    out = tmp_path / "idx"
+    hashing_encoder.fail_on_call = 4  # crash while embedding the 4th of 5 shards
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        build_index(cfg, out)
+    assert not (out / "manifest.json").exists()
+    finished = sorted(p.name for p in (out / SHARDS_DIR).iterdir())
+    assert len(finished) == 3 and all(name.endswith(".npy") for name in finished)  # no temp files left behind
+
+    hashing_encoder.fail_on_call, hashing_encoder.calls, hashing_encoder.texts = None, 0, 0
+    ref = build_index(cfg, out)
+    assert hashing_encoder.calls == 2 and hashing_encoder.texts == 200  # only shards 4 and 5 were embedded
+    assert ref.timings["shards_cached"] == 3 and ref.n_passages == 500
+
+    fresh = build_index(cfg, tmp_path / "fresh")
+    q = ["Scott Derrickson director", "Ed Wood film"]
+    assert [[h.id for h in r] for r in load_searcher(out).search(q, 5)] == [
+        [h.id for h in r] for r in load_searcher(fresh.uri).search(q, 5)
+    ]
+
+
+def test_complete_index_is_reused(mini_corpus_path, tmp_path, hashing_encoder) -> None:
+    cfg = IndexBuildConfig(corpus=str(mini_corpus_path), backend="dense", limit=120, shard_size=50)
+    build_index(cfg, tmp_path / "i")
+    calls = hashing_encoder.calls
+    again = build_index(cfg, tmp_path / "i")
+    assert again.reused and hashing_encoder.calls == calls
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq"])
+def test_faiss_index_types(kind, mini_corpus_path, tmp_path, hashing_encoder) -> None:
+    cfg = IndexBuildConfig(corpus=str(mini_corpus_path), backend="dense", limit=1200, shard_size=400,
+                           faiss=DenseIndexConfig(type=kind, pq_m=16, nlist=16, nprobe=16))
+    plan = plan_index(cfg, tmp_path)
+    shards = [embed_shard(tmp_path, s, tmp_path / SHARDS_DIR, hashing_encoder) for s in plan.store.shards]
+    ref = finalize_index(cfg, plan, shards)
+    assert ref.params["type"] == kind and ref.params["ntotal"] == 1200
+    searcher = load_searcher(tmp_path)
+    assert isinstance(searcher, DenseSearcher)
+    store = PassageStore(tmp_path)
+    rows = list(range(0, 1200, 60))
+    results = searcher.search([store[i].contents for i in rows], 3)
+    self_hits = sum(store[i].id in [h.id for h in r] for i, r in zip(rows, results, strict=True)) / len(rows)
+    assert self_hits >= (0.95 if kind != "ivfpq" else 0.7)
+    assert all(r[0].score >= r[-1].score for r in results)
+    assert searcher.search([], 3) == []
+
+
+def test_pq_m_must_divide_dim(mini_corpus_path, tmp_path, hashing_encoder) -> None:
+    cfg = IndexBuildConfig(corpus=str(mini_corpus_path), backend="dense", limit=100,
+                           faiss=DenseIndexConfig(type="ivfpq", pq_m=10))
+    with pytest.raises(ConfigError, match="pq_m=10 does not divide"):
+        build_index(cfg, tmp_path)
+
+
+@pytest.mark.slow
+def test_minilm_dense_on_mini_slice(mini_corpus_path, tmp_path) -> None:
+    from retrieval.encoders import get_encoder
+
+    enc = get_encoder(EncoderConfig())
+    vecs = enc.encode(["food", "bread", "baby"], "passage")
+    assert vecs.shape == (3, 384) and vecs.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
+    assert vecs[0] @ vecs[1] > vecs[0] @ vecs[2]
+    ref = build_index(IndexBuildConfig(corpus=str(mini_corpus_path), backend="dense", limit=60, shard_size=32),
+                      tmp_path)
+    hits = load_searcher(ref.uri).search(["Were Scott Derrickson and Ed Wood of the same nationality?"], 5)[0]
+    assert {"mhw-1", "mhw-4"} & {h.id for h in hits}
+
+
+@pytest.mark.gpu
+def test_faiss_gpu_build(mini_corpus_path, tmp_path, hashing_encoder) -> None:
+    from retrieval.dense import gpu_available
+
+    if not gpu_available():
+        pytest.skip("faiss was installed without GPU support (install faiss-gpu on GPU workers)")
+    plan = plan_index(IndexBuildConfig(corpus=str(mini_corpus_path), backend="dense", limit=500), tmp_path)
+    shards = [embed_shard(tmp_path, s, tmp_path / SHARDS_DIR, hashing_encoder) for s in plan.store.shards]
+    params = build_faiss_index(shards, DenseIndexConfig(type="flat", use_gpu="always"), tmp_path / "index.faiss")
+    assert params["built_on_gpu"] and params["ntotal"] == 500

@@ -1,0 +1,168 @@
+"""Malformed and hostile requests get a 4xx JSON error, never a 500; a failing searcher gets a 503."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from retrieval.bm25 import BM25Searcher
+from retrieval.corpus import read_corpus
+from retrieval.server import LimitsConfig, ServerConfig, create_app, serve_in_thread
+from retrieval.types import Hit
+
+pytestmark = pytest.mark.slow
+
+LIMITS = LimitsConfig(max_k=50, max_queries_per_request=8, max_query_chars=200, max_body_bytes=4096)
+POST_ENDPOINTS = ["/search", "/batch_search", "/retrieve", "/queries", "/v1/search"]
+
+
+@pytest.fixture(scope="module")
+def http(mini_corpus_path):
+    searcher = BM25Searcher.build(read_corpus(mini_corpus_path))
+    app = create_app(searcher, ServerConfig(limits=LIMITS))
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield client
+
+
+def _post(http: httpx.Client, path: str, body: bytes) -> httpx.Response:
+    return http.post(path, content=body, headers={"content-type": "application/json"})
+
+
+def _assert_json_4xx(r: httpx.Response, status: int | None = None) -> None:
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    if status is not None:
+        assert r.status_code == status, r.text[:300]
+    body = r.json()
+    assert isinstance(body["error"], str) and body["error"]
+
+
+BAD_BODIES = {
+    "/search": [
+        (b"{not json", 422), (b"", 422), (b"null", 422), (b"[]", 422), (b'"query"', 422), (b"{}", 422),
+        (b'{"query": 5}', 422), (b'{"query": ["a"]}', 422), (b'{"query": null}', 422),
+        (b'{"query": "x", "top_n": "5"}', 422), (b'{"query": "x", "top_n": 2.5}', 422),
+        (b'{"query": "x", "top_n": true}', 422), (b'{"query": "x", "return_score": "yes"}', 422),
+        (b'{"query": ""}', 422), (b'{"query": "   \\n\\t"}', 422),
+        (b'{"query": "x", "top_n": 0}', 422), (b'{"query": "x", "top_n": -3}', 422),
+        (b'{"query": "x", "top_n": 51}', 422), (b'{"query": "x", "top_n": 99999999999999999999999}', 422),
+        (orjson.dumps({"query": "y" * 201}), 413),
+    ],
+    "/batch_search": [
+        (b'{"query": []}', 422), (b'{"query": "one string"}', 422), (b'{"query": ["ok", 3]}', 422),
+        (b'{"query": ["ok", ""]}', 422), (b'{"query": ["ok"], "top_n": 0}', 422),
+        (orjson.dumps({"query": ["q"] * 9}), 413), (orjson.dumps({"query": ["ok", "z" * 201]}), 413),
+    ],
+    "/retrieve": [
+        (b'{"queries": []}', 422), (b'{"query": ["a"]}', 422), (b'{"queries": [null]}', 422),
+        (b'{"queries": ["a"], "topk": -1}', 422), (b'{"queries": ["a"], "topk": 1000}', 422),
+        (b'{"queries": ["a"], "return_scores": 1}', 422),
+    ],
+    "/queries": [(b'{"queries": ["a"], "k": 0}', 422), (b'{"queries": {"a": 1}}', 422)],
+    "/v1/search": [(b'{"queries": ["a"], "k": 51}', 422), (b'{"queries": [""]}', 422)],
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [(path, body, status) for path, cases in BAD_BODIES.items() for body, status in cases],
+    ids=lambda v: v.decode(errors="replace")[:40] if isinstance(v, bytes) else str(v),
+)
+def test_malformed_bodies_get_4xx_json(http, path: str, body: bytes, status: int) -> None:
+    _assert_json_4xx(_post(http, path, body), status)
+
+
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [({}, 422), ({"query": ""}, 422), ({"query": "x", "k": "abc"}, 422), ({"query": "x", "k": 0}, 422),
+     ({"query": "x", "k": 51}, 422), ({"query": "x", "k": "1e9"}, 422), ({"query": "q" * 201}, 413)],
+)
+def test_exsearch_bad_params_get_4xx(http, params: dict, status: int) -> None:
+    _assert_json_4xx(http.get("/api/search", params=params), status)
+
+
+def test_body_over_limit_is_413(http) -> None:
+    _assert_json_4xx(_post(http, "/batch_search", orjson.dumps({"query": ["word " * 30] * 40})), 413)
+
+
+def test_chunked_body_over_limit_is_413(http) -> None:
+    def chunks():
+        yield b'{"query": ["'
+        for _ in range(100):
+            yield b"x" * 100
+        yield b'"]}'
+
+    _assert_json_4xx(http.post("/batch_search", content=chunks(), headers={"content-type": "application/json"}), 413)
+
+
+def test_wrong_method_and_path_are_json_4xx(http) -> None:
+    _assert_json_4xx(http.get("/search"), 405)
+    _assert_json_4xx(http.post("/nope", json={}), 404)
+
+
+def test_well_formed_request_still_works_after_abuse(http) -> None:
+    assert len(http.post("/search", json={"query": "film", "top_n": 2}).json()) == 2
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    max_leaves=12,
+)
+field_values = st.one_of(json_values, st.integers(min_value=-10**20, max_value=10**20), st.lists(st.text(max_size=300)))
+request_like = st.dictionaries(
+    st.sampled_from(["query", "queries", "top_n", "topk", "k", "return_score", "return_scores", "extra"]),
+    field_values,
+    max_size=4,
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(POST_ENDPOINTS), body=st.one_of(request_like, json_values))
+def test_random_json_bodies_never_500(http, path: str, body: object) -> None:
+    r = _post(http, path, json.dumps(body).encode())
+    assert r.status_code < 500, (path, body, r.status_code, r.text[:300])
+    if r.status_code >= 400:
+        assert "error" in r.json()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(POST_ENDPOINTS), raw=st.binary(max_size=300))
+def test_random_bytes_never_500(http, path: str, raw: bytes) -> None:
+    assert _post(http, path, raw).status_code < 500
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(query=st.text(max_size=300), k=st.text(max_size=8))
+def test_random_query_params_never_500(http, query: str, k: str) -> None:
+    assert http.get("/api/search", params={"query": query, "k": k}).status_code < 500
+
+
+class _CrashingSearcher:
+    name = "crashing"
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        raise RuntimeError("index file vanished")
+
+
+class _WrongShapeSearcher:
+    name = "wrong-shape"
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        return []
+
+
+@pytest.mark.parametrize("searcher", [_CrashingSearcher(), _WrongShapeSearcher()], ids=lambda s: s.name)
+@pytest.mark.parametrize("batching", [True, False])
+def test_searcher_failure_is_503_json(searcher, batching: bool) -> None:
+    cfg = ServerConfig(batching={"enabled": batching})
+    with serve_in_thread(create_app(searcher, cfg)) as url, httpx.Client(base_url=url) as client:
+        r = client.post("/retrieve", json={"queries": ["a", "b"], "topk": 3})
+        assert r.status_code == 503
+        assert r.headers["retry-after"] == "1"
+        assert "search backend failed" in r.json()["error"]
+        assert client.get("/health").json()["status"] == "healthy"
