@@ -53,9 +53,11 @@ def make_searcher(spec: RetrievalSpec) -> Any:
     return BM25Searcher.build(read_corpus(resolve_path(spec.corpus)))
 
 
-def stage_dir(root: str, cfg: RLConfig, stage: StageSpec) -> str:
-    """Deterministic stage directory (same preset + overrides -> same directory, so re-runs resume)."""
-    return artifacts.join(root, f"{cfg.name}-{config_hash(cfg)[:8]}", stage.name)
+def experiment_root(cfg: RLConfig) -> str:
+    """The experiment directory: same preset + overrides -> same directory, so a re-run resumes."""
+    from infra.settings import get_settings
+
+    return str(get_settings().runs_dir / "rl" / f"{cfg.name}-{config_hash(cfg)[:10]}")
 
 
 def finished_stage(out_uri: str) -> CheckpointRef | None:
@@ -183,21 +185,122 @@ def estimate_difficulty(cfg: RLConfig, questions: list[Any], model: str) -> dict
     return out
 
 
-def evaluate_rl_checkpoint(cfg: RLConfig, model: str, out_uri: str) -> dict[str, dict[str, float]]:
-    """Greedy rollouts of ``model`` on ``cfg.eval.benchmarks``, scored per dataset; writes records + scores."""
-    from evaluation.benchmarks import load_benchmark
-    from evaluation.scoring import score_trajectories
-    from training.records import write_trajectories
+def eval_config(cfg: RLConfig, model: str) -> Any:
+    """The agent-evaluation config (``training.agent_eval``) of a trained policy: greedy, the preset's retriever."""
+    from training.agent_eval import AgentEvalConfig, GeneratorSpec, RetrieverSpec
+    from training.rollout import RolloutConfig
 
-    questions = [q for name in cfg.eval.benchmarks for q in load_benchmark(resolve_path(name), limit=cfg.eval.limit)]
-    if not questions:
-        return {}
-    trajs = _policy_rollouts(cfg, model, questions, 1, 0.0, cfg.eval.max_new_tokens)
-    examples, table = score_trajectories(trajs, questions)
-    write_trajectories(trajs, artifacts.join(out_uri, "trajectories"), model=model)
-    artifacts.write_jsonl(artifacts.join(out_uri, "examples.jsonl"), examples)
-    scores = table.as_dict()
-    artifacts.write_json(artifacts.join(out_uri, "scores.json"), scores)
-    artifacts.write_manifest(out_uri, kind="rl_eval", model=model, benchmarks=cfg.eval.benchmarks,
-                             questions=len(questions))
-    return scores
+    stage = cfg.stages[-1]
+    retriever = (RetrieverSpec(url=cfg.retrieval.url) if cfg.retrieval.backend == "http"
+                 else RetrieverSpec(corpus=resolve_path(cfg.retrieval.corpus)))
+    rollout = RolloutConfig(temperature=0.0, best_of=1, top_k=stage.top_k or cfg.retrieval.top_k,
+                            max_turns=stage.max_turns, max_total_tokens=cfg.eval.max_new_tokens,
+                            max_tokens_per_turn=min(cfg.eval.max_new_tokens, 512))
+    return AgentEvalConfig(protocol=cfg.protocol, generator=GeneratorSpec(model=model), retriever=retriever,
+                           rollout=rollout, limit=cfg.eval.limit)
+
+
+def evaluate_rl_checkpoint(cfg: RLConfig, model: str, out_uri: str) -> dict[str, dict[str, float]]:
+    """Evaluate ``model`` on every ``cfg.eval.benchmarks`` entry (``training.agent_eval.evaluate_dataset``).
+
+    Returns ``{benchmark: {metric: mean}}``; each benchmark's directory (trajectories, examples, manifest) sits
+    under ``out_uri``.
+    """
+    from training.agent_eval import evaluate_dataset
+
+    ecfg = eval_config(cfg, model)
+    out = {}
+    for name in cfg.eval.benchmarks:
+        ref = evaluate_dataset(ecfg, resolve_path(name), artifacts.join(out_uri, Path(name).stem))
+        out[Path(name).stem] = ref.means
+    return out
+
+
+def prepare_data(cfg: RLConfig, out_uri: str, train: list[Any] | None = None) -> RLDataRef:
+    """Load the preset's question sets (or the given ``train`` questions) and write verl/TRL parquet files.
+
+    The chat prompt is the protocol's system template plus the question (what verl's agent loop renders); the TRL
+    engine rebuilds the protocol's exact prompt text from ``extra_info.question``.
+    """
+    from evaluation.benchmarks import load_benchmark
+    from training.protocols.base import load_protocol
+    from training.rl_data import default_messages, prepare_rl_data
+
+    def load(sources: list[str], limit: int | None) -> list[Any]:
+        qs = [q for src in sources for q in load_benchmark(resolve_path(src))]
+        return qs[:limit] if limit else qs
+
+    splits = {"train": train if train is not None else load(cfg.data.train, cfg.data.train_limit)}
+    if cfg.data.val:
+        splits["val"] = load(cfg.data.val, cfg.data.val_limit)
+    system = getattr(load_protocol(cfg.protocol), "system_template", None)
+    tool = "search" if cfg.engine == "verl" else None
+    return prepare_rl_data(splits, out_uri, default_messages(system), tool_name=tool,
+                           sources={"train": cfg.data.train, "val": cfg.data.val}, protocol=cfg.protocol,
+                           config_hash=config_hash(cfg))
+
+
+def bucket_data(cfg: RLConfig, data: RLDataRef, model: str, out_uri: str) -> RLDataRef:
+    """R1-Searcher difficulty selection: rollouts per training question -> buckets -> ratio mix -> new data dir."""
+    from evaluation.benchmarks import Question
+    from training.rl_data import bucket_questions, mix_buckets, read_parquet
+
+    if cfg.difficulty is None:
+        return data
+    done = artifacts.read_manifest(out_uri)
+    if done is not None:
+        return RLDataRef(uri=out_uri, splits=done["splits"])
+    rows = read_parquet(data.split_uri("train"))
+    questions = [Question(id=str(r["extra_info"]["id"]), question=r["extra_info"]["question"],
+                          golden_answers=list(r["reward_model"]["ground_truth"]), dataset=r["data_source"])
+                 for r in rows]
+    flags = estimate_difficulty(cfg, questions, model)
+    buckets = bucket_questions(questions, flags, cfg.difficulty)
+    mixed = mix_buckets(buckets, cfg.difficulty)
+    artifacts.write_json(artifacts.join(out_uri, "buckets.json"),
+                         {b: [q.id for q in qs] for b, qs in buckets.items()})
+    return prepare_data(cfg, out_uri, train=mixed)
+
+
+def child_run(parent_run_id: str | None, name: str, params: dict[str, Any] | None = None) -> Any:
+    """Start an MLflow run nested under ``parent_run_id`` (a context manager yielding the run)."""
+    import mlflow
+
+    from infra.tracking import configure, log_params
+
+    configure()
+    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else {}
+    run = mlflow.start_run(run_name=name, tags=tags, nested=mlflow.active_run() is not None)
+    if params:
+        log_params(params)
+    return run
+
+
+def open_parent_run(cfg: RLConfig) -> str:
+    """Create the experiment's parent MLflow run (params = the preset) and return its id."""
+    import mlflow
+
+    with child_run(None, f"rl-{cfg.name}", cfg.model_dump(mode="json")) as run:
+        mlflow.set_tag("searchloop.flow", "rl_finetune")
+        return run.info.run_id
+
+
+def log_stage(ref: CheckpointRef) -> None:
+    """Log a stage's final metrics, health series/plot and rollout records to the active MLflow run."""
+    from infra.tracking import log_artifact, log_metrics
+
+    log_metrics({f"final/{k}": v for k, v in ref.metrics.items()})
+    for name in ("health.json", "health.png", "manifest.json", "command.txt"):
+        p = Path(ref.stage_dir) / name
+        if p.exists():
+            log_artifact(p, "stage")
+    rollouts = Path(ref.stage_dir) / "rollouts" / "trajectories.jsonl"
+    if rollouts.exists():
+        log_artifact(rollouts, "rollouts")
+
+
+def log_scores(scores: dict[str, dict[str, float]]) -> None:
+    """Log ``{benchmark}/{metric}`` evaluation means to the active MLflow run."""
+    from infra.tracking import log_metrics
+
+    log_metrics({f"{b}/{m}": v for b, row in scores.items() for m, v in row.items()})

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from infra.config import StrictModel
-from infra.settings import REPO_ROOT
+from infra.settings import REPO_ROOT, get_settings
 from training.health import HealthConfig
 from training.rl_data import DifficultyConfig
 from training.trl_search import TRLSearchConfig
@@ -78,7 +78,7 @@ class RLConfig(StrictModel):
     stages: list[StageSpec] = Field(min_length=1, description="Training stages, chained in order.")
     health: HealthConfig = Field(default_factory=HealthConfig, description="Training-health thresholds.")
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Evaluation after training.")
-    register: bool = Field(default=True, description="Register the final checkpoint as an MLflow model version.")
+    register_model: bool = Field(default=True, description="Register the final checkpoint as an MLflow model version.")
     verl_python: str = Field(default="python", description="Interpreter of the verl environment (GPU workers).")
 
     @model_validator(mode="after")

@@ -176,11 +176,15 @@ def bucket_questions(questions: Sequence[Question], correct: Mapping[str, Sequen
 
 
 def mix_buckets(buckets: Mapping[str, Sequence[Question]], cfg: DifficultyConfig) -> list[Question]:
-    """Sample a mixed set by ``cfg.ratio``; without ``total`` the largest set the ratio allows is taken."""
+    """Sample a mixed set by ``cfg.ratio`` (empty buckets drop out and the rest is renormalised); without
+    ``total`` the largest set the ratio allows is taken."""
     weights = {b: w for b, w in cfg.ratio.items() if w > 0}
     unknown = set(weights) - set(BUCKETS)
     if unknown or not weights:
         raise DataError(f"difficulty ratio {cfg.ratio} must give positive weight to some of {BUCKETS}")
+    weights = {b: w for b, w in weights.items() if buckets.get(b)}  # empty buckets drop out of the mix
+    if not weights:
+        return []
     norm = sum(weights.values())
     share = {b: w / norm for b, w in weights.items()}
     total = cfg.total

@@ -69,6 +69,9 @@ def test_bucket_and_mix_by_ratio() -> None:
     small = mix_buckets(buckets, cfg.model_copy(update={"total": 6, "ratio": {"easy": 2, "difficult": 1}}))
     assert sorted(int(q.id) % 3 for q in small) == [0, 0, 0, 0, 2, 2]
     assert [q.id for q in mix_buckets(buckets, cfg)] == [q.id for q in mixed], "seeded"
+    no_medium = {**buckets, "medium": []}
+    assert {q.id for q in mix_buckets(no_medium, cfg)} == {q.id for q in buckets["difficult"]}
+    assert mix_buckets({"easy": buckets["easy"]}, cfg) == []
     with pytest.raises(DataError, match="no rollout results"):
         bucket_questions(qs, {}, cfg)
     with pytest.raises(DataError, match="positive weight"):
