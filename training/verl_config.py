@@ -6,7 +6,9 @@ group size, learning rates, KL, batch sizes, lengths, search turns and top-k, GP
 (``VERL_KEYS`` lists the ones we use, read from verl @ b178a3cd5; a test checks rendered keys against it and, where
 verl is importable, against verl's own hydra config). Multi-turn search goes through verl's tool agent loop and its
 ``SearchTool``, which POSTs the Search-R1 ``/retrieve`` schema to our retriever service; verl's agent loop sets
-``response_mask`` to 0 on tool tokens, so retrieved text is masked from the loss. Rewards come from our module via
+``response_mask`` to 0 on tool tokens, so retrieved text is masked from the loss. For the seeds' text-tag formats
+``agent_loop=tags`` (default) registers ``training.verl_agent_loop`` instead, which drives our protocols and sets
+the same mask from span tracking. Rewards come from our module via
 ``custom_reward_function.path/name``; metrics go to our MLflow run (verl reattaches through ``MLFLOW_RUN_ID``).
 """
 
@@ -81,6 +83,10 @@ class VerlConfig(StrictModel):
     max_turns: int = Field(default=5, ge=1, description="Max assistant turns (search rounds + answer).")
     top_k: int = Field(default=5, ge=1, description="Documents per search.")
     max_tool_response_length: int = Field(default=512, ge=16, description="Token cap on one tool response.")
+    max_tokens_per_turn: int = Field(default=512, ge=8, description="New tokens per step of the tag agent loop.")
+    agent_loop: Literal["tags", "tool_agent"] = Field(
+        default="tags", description="tags: our protocol loop (training.verl_agent_loop, seed tag formats); "
+        "tool_agent: verl's function-calling loop with its SearchTool.")
     retrieval_timeout: int = Field(default=30, ge=1, description="Search tool HTTP timeout (s).")
     retrieval_workers: int = Field(default=64, ge=1, description="Search tool worker pool / rate limit.")
     rollout_engine: Literal["vllm", "sglang"] = Field(default="vllm", description="verl rollout backend.")
@@ -146,13 +152,27 @@ def _algorithm_overrides(cfg: VerlConfig) -> dict[str, Any]:
     return out
 
 
+def _agent_loop_overrides(cfg: VerlConfig, tool_config_path: str | None,
+                          agent_loop_config_path: str | None) -> dict[str, Any]:
+    if cfg.agent_loop == "tool_agent":
+        if not tool_config_path:
+            raise ValueError("agent_loop=tool_agent needs tool_config_path (render_search_tool_config)")
+        return {"actor_rollout_ref.rollout.multi_turn.tool_config_path": tool_config_path,
+                "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent"}
+    if not agent_loop_config_path:
+        raise ValueError("agent_loop=tags needs agent_loop_config_path (training.verl_agent_loop.agent_loop_entry)")
+    return {"actor_rollout_ref.rollout.agent.agent_loop_config_path": agent_loop_config_path,
+            "actor_rollout_ref.rollout.agent.default_agent_loop": "searchloop_tags"}
+
+
 def render_overrides(
     cfg: VerlConfig,
     *,
     model_path: str,
     train_files: str,
     val_files: str,
-    tool_config_path: str,
+    tool_config_path: str | None,
+    agent_loop_config_path: str | None,
     reward_path: str,
     reward_name: str,
     output_dir: str,
@@ -167,7 +187,8 @@ def render_overrides(
         cfg: our verl settings (from the preset).
         model_path: HF folder of the initial actor (and critic for PPO).
         train_files / val_files: parquet files from :mod:`training.rl_data`.
-        tool_config_path: YAML written from :func:`render_search_tool_config`.
+        tool_config_path: YAML from :func:`render_search_tool_config` (``agent_loop=tool_agent``).
+        agent_loop_config_path: YAML registering ``training.verl_agent_loop`` (``agent_loop=tags``).
         reward_path / reward_name: file and function of our verl reward adapter (``compute_score``).
         output_dir: ``trainer.default_local_dir`` (checkpoints; resume_mode=auto picks up the latest).
         experiment / run_name: MLflow experiment and run name (verl reattaches to ``MLFLOW_RUN_ID`` when set).
@@ -200,8 +221,6 @@ def render_overrides(
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": cfg.max_turns,
         "actor_rollout_ref.rollout.multi_turn.max_user_turns": cfg.max_turns,
         "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": cfg.max_tool_response_length,
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path": tool_config_path,
-        "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
         "custom_reward_function.path": reward_path, "custom_reward_function.name": reward_name,
         "trainer.logger": ["console", "mlflow"], "trainer.project_name": experiment,
         "trainer.experiment_name": run_name, "trainer.nnodes": cfg.nnodes, "trainer.n_gpus_per_node": cfg.gpus_per_node,
@@ -209,6 +228,7 @@ def render_overrides(
         "trainer.test_freq": cfg.test_freq, "trainer.default_local_dir": output_dir, "trainer.resume_mode": "auto",
         "trainer.val_before_train": False,
     }
+    values.update(_agent_loop_overrides(cfg, tool_config_path, agent_loop_config_path))
     if cfg.val_batch_size is not None:
         values["data.val_batch_size"] = cfg.val_batch_size
     if cfg.total_training_steps is not None:

@@ -30,6 +30,7 @@ from infra.settings import REPO_ROOT, get_settings
 from training.rl import CheckpointRef
 from training.rl_config import RLConfig, StageSpec, resolve_model
 from training.rl_data import RLDataRef
+from training.verl_agent_loop import agent_loop_entry
 from training.verl_config import VerlConfig, render_overrides, render_search_tool_config
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,15 @@ def build_command(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model: 
         raise ValueError("verl needs the retriever service: set retrieval.backend=http and retrieval.url")
     tool_path = out / "search_tool.yaml"
     artifacts.write_text(str(tool_path), yaml.safe_dump(render_search_tool_config(cfg.retrieval.url, vcfg)))
+    loop_path = out / "agent_loop.yaml"
+    entry = agent_loop_entry(cfg.protocol, vcfg.top_k, stage.max_turns, cfg.template, cfg.retrieval.url,
+                             vcfg.max_tokens_per_turn)
+    artifacts.write_text(str(loop_path), yaml.safe_dump([entry]))
     val = data.split_uri("val") if "val" in data.splits else data.split_uri("train")
     overrides = render_overrides(
         vcfg, model_path=resolve_model(init_model), train_files=data.split_uri("train"), val_files=val,
-        tool_config_path=str(tool_path), reward_path=str(REWARD_MODULE), reward_name=f"compute_score_{stage.reward}",
+        tool_config_path=str(tool_path), agent_loop_config_path=str(loop_path), reward_path=str(REWARD_MODULE),
+        reward_name=f"compute_score_{stage.reward}",
         output_dir=str(out / "checkpoints"), experiment="searchloop", run_name=f"{cfg.name}-{stage.name}",
         rollout_dump_dir=str(out / "rollout_dump"))
     return [cfg.verl_python, "-m", "verl.trainer.main_ppo", *overrides]

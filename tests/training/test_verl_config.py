@@ -15,7 +15,8 @@ PRESETS = Path(__file__).resolve().parents[2] / "flows" / "configs"
 def _render(cfg: VerlConfig) -> list[str]:
     return render_overrides(
         cfg, model_path="/models/qwen", train_files="/d/train.parquet", val_files="/d/val.parquet",
-        tool_config_path="/d/search_tool.yaml", reward_path="/repo/training/rewards.py",
+        tool_config_path="/d/search_tool.yaml", agent_loop_config_path="/d/agent_loop.yaml",
+        reward_path="/repo/training/rewards.py",
         reward_name="compute_score", output_dir="/ckpt", experiment="searchloop", run_name="rl-test",
         rollout_dump_dir="/ckpt/rollouts")
 
@@ -31,8 +32,8 @@ def _preset_verl_configs() -> list[tuple[str, VerlConfig]]:
 
 
 def test_every_rendered_key_is_a_verl_key() -> None:
-    for algo in ("grpo", "reinforce_pp", "ppo"):
-        keys = parse_overrides(_render(VerlConfig(algorithm=algo)))
+    for algo, loop in (("grpo", "tags"), ("reinforce_pp", "tags"), ("ppo", "tool_agent")):
+        keys = parse_overrides(_render(VerlConfig(algorithm=algo, agent_loop=loop)))
         unknown = set(keys) - VERL_KEYS
         assert not unknown, f"{algo}: keys not in verl's ppo_trainer config: {unknown}"
 
@@ -47,7 +48,11 @@ def test_grpo_overrides_match_research_seed() -> None:
     assert o["actor_rollout_ref.actor.kl_loss_type"] == "low_var_kl"
     assert o["actor_rollout_ref.rollout.multi_turn.enable"] == "True"
     assert o["actor_rollout_ref.rollout.multi_turn.max_assistant_turns"] == "8"
-    assert o["actor_rollout_ref.rollout.agent.default_agent_loop"] == "tool_agent"
+    assert o["actor_rollout_ref.rollout.agent.default_agent_loop"] == "searchloop_tags"
+    assert o["actor_rollout_ref.rollout.agent.agent_loop_config_path"] == "/d/agent_loop.yaml"
+    t = parse_overrides(_render(cfg.model_copy(update={"agent_loop": "tool_agent"})))
+    assert t["actor_rollout_ref.rollout.agent.default_agent_loop"] == "tool_agent"
+    assert t["actor_rollout_ref.rollout.multi_turn.tool_config_path"] == "/d/search_tool.yaml"
     assert o["custom_reward_function.path"] == "/repo/training/rewards.py"
     assert o["custom_reward_function.name"] == "compute_score"
     assert o["trainer.logger"] == "['console','mlflow']"
@@ -76,7 +81,7 @@ def test_search_tool_config_uses_search_r1_retrieve() -> None:
 def test_values_with_special_characters_are_quoted() -> None:
     o = parse_overrides(render_overrides(
         VerlConfig(), model_path="/m", train_files="/a b/train.parquet", val_files="/v", tool_config_path="/t",
-        reward_path="/r", reward_name="f", output_dir="/o", experiment="e", run_name="r"))
+        agent_loop_config_path="/l", reward_path="/r", reward_name="f", output_dir="/o", experiment="e", run_name="r"))
     assert o["data.train_files"] == "'/a b/train.parquet'"
 
 
@@ -107,3 +112,16 @@ def test_overrides_compose_with_verl_hydra_config() -> None:
             cfg = compose(config_name="ppo_trainer", overrides=overrides)
         assert OmegaConf.select(cfg, "custom_reward_function.name") == "compute_score"
         assert OmegaConf.select(cfg, "actor_rollout_ref.rollout.multi_turn.enable") is True
+
+
+def test_tag_agent_loop_entry_and_completion_cut(smol_tokenizer) -> None:
+    from training.verl_agent_loop import AGENT_NAME, _completion, agent_loop_entry
+
+    entry = agent_loop_entry("research", 5, 8, "instruct", "http://127.0.0.1:8000", 256)
+    assert entry["name"] == AGENT_NAME and entry["_target_"].endswith("make_tag_agent_loop")
+    ids = smol_tokenizer.encode("<search> Ed Wood </search> trailing text", add_special_tokens=False)
+    comp = _completion(ids, smol_tokenizer, ("</search>",), budget=64)
+    assert comp.finish_reason == "stop" and comp.text.endswith("</search>")
+    assert smol_tokenizer.decode(comp.token_ids).endswith("</search>")
+    eos = ids[:3] + [smol_tokenizer.eos_token_id, 5]
+    assert _completion(eos, smol_tokenizer, ("</search>",), budget=64).finish_reason == "eos"
