@@ -10,8 +10,14 @@ from prefect import task
 from prefect.cache_policies import INPUTS
 
 from training import rl
+from training.health import TrainingHealthError
 from training.rl_config import RLConfig
 from training.rl_data import RLDataRef
+
+
+def _retry_unless_unhealthy(task, task_run, state) -> bool:  # noqa: ANN001
+    """Retry crashes (the retry resumes from the newest checkpoint), never a health-check stop."""
+    return not isinstance(state.result(raise_on_failure=False), TrainingHealthError)
 
 
 @task(name="rl-open-run", retries=2, retry_delay_seconds=2, timeout_seconds=300)
@@ -33,7 +39,8 @@ def bucket_data_task(cfg: RLConfig, data: RLDataRef, model: str, out_uri: str, p
         return rl.bucket_data(cfg, data, model, out_uri)
 
 
-@task(name="rl-train-stage", tags=["gpu"], retries=1, retry_delay_seconds=5, timeout_seconds=48 * 3600)
+@task(name="rl-train-stage", tags=["gpu"], retries=1, retry_delay_seconds=5, timeout_seconds=48 * 3600,
+      retry_condition_fn=_retry_unless_unhealthy)
 def train_stage_task(cfg: RLConfig, stage_index: int, data: RLDataRef, init_model: str, out_uri: str,
                      parent_run: str) -> rl.CheckpointRef:
     """Train one stage (engine from the preset); logs health metrics, the health plot and the stage files."""
