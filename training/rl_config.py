@@ -8,7 +8,7 @@ how R1-Searcher's two stages chain. ``engine`` picks TRL (one machine) or verl (
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -75,11 +75,21 @@ class RLConfig(StrictModel):
     retrieval: RetrievalSpec = Field(default_factory=RetrievalSpec, description="Retriever used in rollouts.")
     difficulty: DifficultyConfig | None = Field(default=None, description="Optional difficulty bucketing + mix.")
     difficulty_rollouts: int = Field(default=8, ge=1, description="Rollouts per question for difficulty estimation.")
-    stages: list[StageSpec] = Field(min_length=1, description="Training stages, chained in order.")
+    stages: list[StageSpec] = Field(
+        min_length=1, description="Training stages, chained in order (YAML: a mapping stage name -> settings).")
     health: HealthConfig = Field(default_factory=HealthConfig, description="Training-health thresholds.")
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Evaluation after training.")
     register_model: bool = Field(default=True, description="Register the final checkpoint as an MLflow model version.")
     verl_python: str = Field(default="python", description="Interpreter of the verl environment (GPU workers).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stages_by_name(cls, data: Any) -> Any:
+        """Presets write ``stages`` as a mapping name -> settings (so ``stages.<name>.trl.max_steps=3`` overrides
+        work); it becomes the ordered list of :class:`StageSpec`."""
+        if isinstance(data, dict) and isinstance(data.get("stages"), dict):
+            data = {**data, "stages": [{"name": k, **(v or {})} for k, v in data["stages"].items()]}
+        return data
 
     @model_validator(mode="after")
     def _engine_settings(self) -> RLConfig:

@@ -15,9 +15,9 @@ RL_PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml")
                     if {"engine", "stages", "protocol"} <= set(yaml.safe_load(p.read_text())))
 
 TINY = [
-    "data.train_limit=2", "stages.0.trl.max_steps=1", "stages.0.trl.save_steps=1", "stages.0.trl.prompts_per_step=1",
-    "stages.0.trl.max_tokens_per_turn=12", "stages.0.trl.max_completion_length=24", "stages.0.max_turns=1",
-    "eval.limit=1", "eval.max_new_tokens=12",
+    "data.train_limit=2", "stages.grpo.trl.max_steps=1", "stages.grpo.trl.save_steps=1",
+    "stages.grpo.trl.prompts_per_step=1", "stages.grpo.trl.max_tokens_per_turn=12",
+    "stages.grpo.trl.max_completion_length=24", "stages.grpo.max_turns=1", "eval.limit=1", "eval.max_new_tokens=12",
 ]
 
 
@@ -30,6 +30,8 @@ def test_every_rl_preset_validates() -> None:
             assert cfg.engine == "trl" and cfg.model == "smollm2"
         else:
             assert cfg.engine == "verl" and all(s.verl is not None for s in cfg.stages)
+    tiny = load_config(RLConfig, "research_grpo_cpu_demo", TINY)
+    assert tiny.stages[0].name == "grpo" and tiny.stages[0].trl.max_steps == 1 and tiny.stages[0].max_turns == 1
     two = load_config(RLConfig, "r1searcher_two_stage")
     assert [s.reward for s in two.stages] == ["r1searcher_stage1", "r1searcher_stage2_llama"]
     assert [s.verl.algorithm for s in two.stages] == ["grpo", "reinforce_pp"]

@@ -22,12 +22,16 @@ def _render(cfg: VerlConfig) -> list[str]:
 
 
 def _preset_verl_configs() -> list[tuple[str, VerlConfig]]:
+    from infra.config import load_config
+    from training.rl_config import RLConfig
+
     out = []
     for path in sorted(PRESETS.glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
-        for stage in data.get("stages", []):
-            if "verl" in stage:
-                out.append((f"{path.stem}:{stage['name']}", VerlConfig(**stage["verl"])))
+        if data.get("engine") != "verl":
+            continue
+        for stage in load_config(RLConfig, path).stages:
+            out.append((f"{path.stem}:{stage.name}", stage.verl))
     return out
 
 
