@@ -73,3 +73,27 @@ def test_grpo_step_with_search_masks_retrieved_tokens(tmp_path, data_dir, smol_p
     grad = trainer.captured_logps.grad
     assert grad[inserted].abs().max().item() == 0.0
     assert grad[generated].abs().min().item() > 0.0
+
+
+def test_to_sample_splits_prompt_from_masked_response(smol_tokenizer) -> None:
+    from training.protocols.base import Segment
+    from training.records import Trajectory
+    from training.rollout import token_mask
+    from training.trl_search import to_sample
+
+    prompt = "<|im_start|>user\nWho directed Ed Wood?<|im_end|>\n<|im_start|>assistant\n"
+    segments = [Segment("<search> Ed Wood film </search>", True),
+                Segment(" <result>\nEd Wood is a 1994 film by Tim Burton.\n</result>", False),
+                Segment(" <answer> Tim Burton </answer><|im_end|>", True)]
+    ids, mask, _ = token_mask(smol_tokenizer, prompt, segments)
+    traj = Trajectory(question_id="q", question="Who directed Ed Wood?", protocol="research", prompt=prompt,
+                      response="".join(s.text for s in segments), finish_reason="answer", n_searches=1,
+                      token_ids=ids, loss_mask=mask, format_ok=False)
+    sample = to_sample(traj, smol_tokenizer)
+    assert sample.prompt_ids + sample.completion_ids == smol_tokenizer(prompt + traj.response,
+                                                                        add_special_tokens=False)["input_ids"]
+    assert sample.completion_ids[-1] == smol_tokenizer.eos_token_id and sample.loss_mask[-1] == 1
+    pairs = zip(sample.completion_ids, sample.loss_mask, strict=True)
+    inserted = smol_tokenizer.decode([t for t, m in pairs if m == 0])
+    assert "Tim Burton" in inserted and "<search>" not in inserted
+    assert sample.num_searches == 1 and sample.format_ok is False
