@@ -65,7 +65,12 @@ def test_grpo_step_with_search_masks_retrieved_tokens(tmp_path, data_dir, smol_p
     assert int(inserted.sum()) == sum(len(t.loss_mask) - sum(t.loss_mask) for t in sink)
 
     # Gradient check: with non-zero advantages, d loss / d logp is non-zero on generated tokens and exactly zero
-    # on retrieved ones (they stay in the attention context but contribute nothing to the loss).
+    # on retrieved ones (they stay in the attention context but contribute nothing to the loss). One row keeps
+    # the extra forward/backward cheap; every ExSearch trajectory holds an inserted user turn.
+    rows = batch["completion_ids"].size(0)
+    batch = {k: v[:1] if torch.is_tensor(v) and v.dim() > 0 and v.size(0) == rows else v for k, v in batch.items()}
+    tool, comp = batch["tool_mask"].bool(), batch["completion_mask"].bool()
+    inserted, generated = comp & ~tool, comp & tool
     batch["advantages"] = torch.ones_like(batch["advantages"])
     trainer.capture_logps = True
     loss = trainer._compute_loss(trainer.model, batch)
