@@ -9,6 +9,11 @@ corpus), over the same index directory:
       ReSearch/SmartSearch/Search-R1 pattern), same clients.
 Prints a table and the ratios server/in-process and server/baseline at 64 clients (targets >= 0.9 and >= 5).
 Queries are unique within each run (dev questions), and the cache is off, so no request is served from memory.
+CPU time per query is reported for the server process and for the load generator: on a small shared machine the
+httpx clients compete with the server for the same cores, and the CPU figures stay meaningful when wall-clock
+throughput is disturbed by other work. Threads: torch intra-op threads (``--torch-threads``, default 1; spinning
+OpenMP threads collapse on an oversubscribed CPU) and ``--workers`` parallel batches (default 1) apply alike to the
+in-process reference (that many threads each searching one big batch) and to the batching server.
 
     PYTHONPATH=. nice -n 10 python benchmarks/server_throughput.py [--backends dense,bm25] [--passages 1000]
 """
@@ -67,15 +72,19 @@ def build(backend: str, passages: int, out: Path) -> Path:
     return Path(ref.uri)
 
 
-def in_process(index_dir: Path, queries: list[str], k: int) -> tuple[float, float]:
-    """Queries/s and CPU ms per query of one batched search call (after a warm-up call)."""
+def in_process(index_dir: Path, queries: list[str], k: int, workers: int) -> tuple[float, float]:
+    """Queries/s and CPU ms per query of batched search: ``workers`` big batches at once (the server's parallelism)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from retrieval.index import load_searcher
 
     searcher = load_searcher(index_dir)
     searcher.search(queries[:64], k)
-    t0, c0 = time.perf_counter(), time.process_time()
-    searcher.search(queries, k)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    parts = [queries[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        t0, c0 = time.perf_counter(), time.process_time()
+        list(pool.map(lambda part: searcher.search(part, k), parts))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return len(queries) / wall, 1000 * cpu / len(queries)
 
 
@@ -92,16 +101,18 @@ def _free_port() -> int:
 
 
 @contextmanager
-def server_process(index_dir: Path, batching: bool):
+def server_process(index_dir: Path, batching: bool, workers: int, torch_threads: int):
     """Start ``searchloop serve retriever`` on a free loopback port; yield its URL."""
     from retrieval.client import RetrieverClient
 
     port = _free_port()
     cmd = [sys.executable, "-m", "flows.cli", "serve", "retriever", "--index", str(index_dir), "--port", str(port),
-           "--cache-size", "0", "--max-batch", "256"]
+           "--cache-size", "0", "--max-batch", "256", "--workers", str(workers)]
     if not batching:
         cmd.append("--no-batching")
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch_threads),
+           "MKL_NUM_THREADS": str(torch_threads)}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
         with RetrieverClient(url, retries=0) as client:
@@ -146,6 +157,13 @@ async def _load(url: str, queries: list[str], clients: int, k: int, pid: int) ->
     }
 
 
+def _stats(url: str) -> dict[str, Any]:
+    from retrieval.client import RetrieverClient
+
+    with RetrieverClient(url, retries=2) as client:
+        return client.health()["stats"]
+
+
 def http_rows(url: str, pid: int, queries: list[str], levels: list[int], k: int, min_requests: int) -> dict[int, dict]:
     """Throughput/latency per concurrency level, each level over fresh unique queries."""
     rows = {}
@@ -154,20 +172,26 @@ def http_rows(url: str, pid: int, queries: list[str], levels: list[int], k: int,
         n = max(min_requests, 10 * c)
         chunk = [queries[(offset + i) % len(queries)] for i in range(n)]
         offset += n
+        before = _stats(url)
         rows[c] = r = asyncio.run(_load(url, chunk, c, k, pid))
+        after = _stats(url)
+        calls = after["searcher_calls"] - before["searcher_calls"]
+        r["mean_batch"] = (after["searched_queries"] - before["searched_queries"]) / max(calls, 1)
+        r["load_avg"] = os.getloadavg()[0]
         print(f"  {c:>3} clients: {r['qps']:8.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
-              f"server cpu {r['server_cpu_ms']:.2f} ms/q  client cpu {r['client_cpu_ms']:.2f} ms/q", flush=True)
+              f"server cpu {r['server_cpu_ms']:.2f} ms/q  client cpu {r['client_cpu_ms']:.2f} ms/q  "
+              f"mean batch {r['mean_batch']:.1f}  load avg {r['load_avg']:.1f}", flush=True)
     return rows
 
 
 def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp: Path) -> dict[str, Any]:
     index_dir = build(backend, args.passages, tmp)
-    inproc, inproc_cpu = in_process(index_dir, queries[: args.inprocess_queries], args.k)
+    inproc, inproc_cpu = in_process(index_dir, queries[: args.inprocess_queries], args.k, args.workers)
     print(f"[{backend}] in-process batched: {inproc:.1f} q/s, cpu {inproc_cpu:.2f} ms/q", flush=True)
     out: dict[str, Any] = {"backend": backend, "in_process_qps": inproc, "in_process_cpu_ms": inproc_cpu}
     for name, batching in (("server", True), ("baseline", False)):
         print(f"[{backend}] {name} (batching={batching})", flush=True)
-        with server_process(index_dir, batching) as (url, pid):
+        with server_process(index_dir, batching, args.workers, args.torch_threads) as (url, pid):
             out[name] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests)
     top = max(args.clients)
     out["server_vs_in_process"] = out["server"][top]["qps"] / inproc
@@ -178,7 +202,7 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
 
 def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
     top = max(levels)
-    print("\nbackend   mode        clients      q/s   p50 ms   p99 ms  server cpu ms/q  client cpu ms/q")
+    print("\nbackend   mode        clients      q/s   p50 ms   p99 ms  server cpu ms/q  client cpu ms/q  batch")
     for res in results:
         print(f"{res['backend']:<9} in-process        -  {res['in_process_qps']:7.1f}        -        -  "
               f"{res['in_process_cpu_ms']:15.2f}                -")
@@ -186,7 +210,8 @@ def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
             for c in levels:
                 r = res[mode][c]
                 print(f"{res['backend']:<9} {mode:<10} {c:>8}  {r['qps']:7.1f}  {r['p50_ms']:7.1f}  "
-                      f"{r['p99_ms']:7.1f}  {r['server_cpu_ms']:15.2f}  {r['client_cpu_ms']:15.2f}")
+                      f"{r['p99_ms']:7.1f}  {r['server_cpu_ms']:15.2f}  {r['client_cpu_ms']:15.2f}  "
+                      f"{r['mean_batch']:5.1f}")
     print()
     for res in results:
         print(f"{res['backend']}: server/in-process at {top} clients = {res['server_vs_in_process']:.2f} "
@@ -204,10 +229,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--inprocess-queries", type=int, default=1024, help="Queries in the in-process batch.")
     p.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built indexes here.")
+    p.add_argument("--torch-threads", type=int, default=1, help="Intra-op threads, in-process and in the servers.")
+    p.add_argument("--workers", type=int, default=1, help="Parallel batches: server micro-batch workers and "
+                   "in-process threads (the baseline server always uses its 8-thread pool).")
     args = p.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.torch_threads)
     queries = load_queries(4096)
-    print(f"{len(queries)} unique queries; cpu cores: {os.cpu_count()}", flush=True)
+    print(f"{len(queries)} unique queries; cpu cores: {os.cpu_count()}; torch threads {args.torch_threads}; "
+          f"workers {args.workers}; load average {os.getloadavg()[0]:.1f}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="searchloop-bench-") as tmp:
         work = args.work_dir or Path(tmp)

@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 def _register_commands() -> None:
@@ -36,7 +36,10 @@ _register_commands()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point (sets the embedded defaults before any engine is imported)."""
+    from infra.settings import apply_embedded_environment
+
+    apply_embedded_environment()
     try:
         app(args=argv, standalone_mode=True)
     except SearchloopError as exc:

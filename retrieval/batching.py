@@ -4,7 +4,9 @@
 ``max_wait_s`` after the first request when that is set; at most ``max_batch_queries``), runs ONE
 ``searcher.search(unique_queries, max_k)`` in a dedicated worker thread and hands each request its slice,
 truncated to its own k. While a batch runs, new requests queue up and form the next batch, so batches grow with
-load by themselves and an idle server adds no delay (``max_wait_s=0``, the default). Truncating the
+load by themselves and an idle server adds no delay (``max_wait_s=0``, the default). With ``workers > 1``,
+that many batches run at once (each in its own thread: on CPU, two single-threaded encoder calls in parallel
+scale better on a busy machine than one call with two intra-op threads). Truncating the
 top-``max_k`` list to k is exact for exhaustive backends (BM25, faiss Flat) and may differ marginally for
 approximate ones (HNSW, IVF-PQ) whose candidate lists depend on k.
 
@@ -97,14 +99,19 @@ class MicroBatcher:
         max_batch_queries: int = 256,
         max_wait_s: float = 0.0,
         max_pending_queries: int = 8192,
+        workers: int = 1,
     ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self._search = search
+        self.workers = workers
         self.max_batch_queries = max_batch_queries
         self.max_wait_s = max_wait_s
         self.max_pending_queries = max_pending_queries
         self._queue: asyncio.Queue[_Pending] | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._running: set[asyncio.Task[None]] = set()
         self._pending_queries = 0
         self.calls = 0
         self.searched_queries = 0
@@ -112,7 +119,7 @@ class MicroBatcher:
     async def start(self) -> None:
         """Start the collector task on the running loop."""
         self._queue = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="searcher")
+        self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="searcher")
         self._task = asyncio.create_task(self._run(), name="micro-batcher")
 
     async def close(self) -> None:
@@ -120,6 +127,9 @@ class MicroBatcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
         if self._queue is not None:
             while not self._queue.empty():
                 item = self._queue.get_nowait()
@@ -174,30 +184,40 @@ class MicroBatcher:
         return batch
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         queue = self._queue
         if queue is None:
             return
+        slots = asyncio.Semaphore(self.workers)
         while True:
+            await slots.acquire()  # collect the next batch only when a worker is free to run it
             batch = [item for item in await self._collect(queue) if not item.future.done()]
             if not batch:
+                slots.release()
                 continue
-            unique = list(dict.fromkeys(q for item in batch for q in item.queries))
-            max_k = max(item.k for item in batch)
-            try:
-                results = await loop.run_in_executor(self._executor, _checked_search, self._search, unique, max_k)
-            except SearchBackendError as exc:
-                log.error("search batch of %d queries failed: %s", len(unique), exc)
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
-                continue
-            self.calls += 1
-            self.searched_queries += len(unique)
-            by_query = dict(zip(unique, results, strict=True))
+            task = asyncio.create_task(self._execute(batch, slots))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _execute(self, batch: list[_Pending], slots: asyncio.Semaphore) -> None:
+        loop = asyncio.get_running_loop()
+        unique = list(dict.fromkeys(q for item in batch for q in item.queries))
+        max_k = max(item.k for item in batch)
+        try:
+            results = await loop.run_in_executor(self._executor, _checked_search, self._search, unique, max_k)
+        except SearchBackendError as exc:
+            log.error("search batch of %d queries failed: %s", len(unique), exc)
             for item in batch:
                 if not item.future.done():
-                    item.future.set_result([by_query[q][: item.k] for q in item.queries])
+                    item.future.set_exception(exc)
+            return
+        finally:
+            slots.release()
+        self.calls += 1
+        self.searched_queries += len(unique)
+        by_query = dict(zip(unique, results, strict=True))
+        for item in batch:
+            if not item.future.done():
+                item.future.set_result([by_query[q][: item.k] for q in item.queries])
 
 
 class PerRequestRunner:

@@ -103,12 +103,12 @@ def _build_pylate(store: PassageStore, cfg: ColbertConfig, out: Path) -> dict[st
 
 
 def _build_plaid(store: PassageStore, cfg: ColbertConfig, out: Path) -> dict[str, Any]:
-    from colbert import Indexer
-    from colbert.infra import ColBERTConfig, Run, RunConfig
-
     if cfg.model.lower() in MINILM_ALIASES:
         raise ConfigError("colbert.engine=colbert-plaid needs a trained ColBERT checkpoint (colbert-ai re-initialises "
                           "the projection on every load); set colbert.model=colbert-ir/colbertv2.0 or a local copy")
+    from colbert import Indexer
+    from colbert.infra import ColBERTConfig, Run, RunConfig
+
     collection = [p.contents for p in store]
     with Run().context(RunConfig(nranks=1, experiment="searchloop", root=str(out))):
         conf = ColBERTConfig(nbits=cfg.plaid_nbits, doc_maxlen=cfg.document_length, query_maxlen=cfg.query_length,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.artifacts import url_to_fs
 from infra.errors import DataError
@@ -133,3 +134,21 @@ def shipped_corpus(name: str = "mini") -> Path:
     from infra.settings import get_settings
 
     return get_settings().data_dir / "corpus" / f"{name}.jsonl"
+
+
+class CorpusRef(BaseModel):
+    """A validated corpus file."""
+
+    model_config = ConfigDict(frozen=True)
+
+    uri: str = Field(description="Corpus path or URI.")
+    n_rows: int = Field(description="Valid passages (rows) in the file.")
+    sha256: str = Field(description="SHA-256 of the file bytes.")
+
+
+def validate_corpus(uri: str | os.PathLike[str]) -> CorpusRef:
+    """Read every row once (collecting all bad rows into one DataError) and fingerprint the file."""
+    n = sum(1 for _ in iter_corpus(uri, strict=False))
+    if n == 0:
+        raise DataError(f"corpus {uri} has no passages; each line must be a JSON object with id and text/contents")
+    return CorpusRef(uri=str(uri), n_rows=n, sha256=corpus_fingerprint(uri))

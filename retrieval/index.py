@@ -73,6 +73,7 @@ class IndexRef(BaseModel):
     n_source_rows: int = Field(description="Corpus rows the passages came from.")
     size_bytes: int = Field(description="Bytes on disk, excluding embedding shards.")
     shards_bytes: int = Field(default=0, description="Bytes of dense embedding shards kept for rebuilds.")
+    shards_reused: int = Field(default=0, description="Dense shards found finished on disk (resumed build).")
     timings: dict[str, float] = Field(default_factory=dict, description="Stage wall times in seconds.")
     config_hash: str = Field(description="Hash of the IndexBuildConfig.")
     corpus_sha256: str = Field(description="SHA-256 of the corpus file.")
@@ -106,9 +107,15 @@ def _dir_bytes(d: Path, exclude: str | None = None) -> int:
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and not (exclude and exclude in p.parts))
 
 
-def _reusable(cfg: IndexBuildConfig, out: Path, corpus_sha: str) -> IndexRef | None:
-    m = read_manifest(out)
-    if m and m.get("config_hash") == config_hash(cfg) and m.get("corpus_sha256") == corpus_sha:
+def existing_index(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str]) -> IndexRef | None:
+    """The complete index in ``out_dir`` when it was built from the same config and corpus bytes, else None."""
+    from retrieval.corpus import corpus_fingerprint
+
+    m = read_manifest(out_dir)
+    if not m or m.get("config_hash") != config_hash(cfg) or "ref" not in m:
+        return None
+    corpus = resolve_data_path(cfg.corpus)
+    if ("://" in corpus or Path(corpus).exists()) and m.get("corpus_sha256") == corpus_fingerprint(corpus):
         return IndexRef.model_validate({**m["ref"], "reused": True})
     return None
 
@@ -159,15 +166,17 @@ def finalize_index(cfg: IndexBuildConfig, plan: IndexPlan, shards: list[ShardRef
     shards = list(shards or [])
     if cfg.backend == "dense" and len(shards) != len(plan.store.shards):
         raise ArtifactError(f"dense build of {out} has {len(shards)} of {len(plan.store.shards)} shards; rerun it")
+    if missing := [s.path for s in shards if not Path(s.path).exists()]:
+        raise ArtifactError(f"embedding shard(s) {missing[:3]} are gone (deleted after a cached run); rebuild with "
+                            "force=true, which refreshes the task cache")
     t0 = time.perf_counter()
     params = _build_backend(cfg, out, shards)
-    timings = {"store_s": plan.seconds, "index_s": time.perf_counter() - t0,
-               "embed_s": sum(s.seconds for s in shards), "shards_cached": float(sum(s.cached for s in shards))}
+    timings = {"store_s": plan.seconds, "index_s": time.perf_counter() - t0, "embed_s": sum(s.seconds for s in shards)}
     ref = IndexRef(
         uri=str(out), backend=cfg.backend, n_passages=plan.store.n_passages, n_source_rows=plan.store.n_source_rows,
         size_bytes=_dir_bytes(out, exclude=SHARDS_DIR), shards_bytes=_dir_bytes(out / SHARDS_DIR)
         if (out / SHARDS_DIR).exists() else 0, timings=timings, config_hash=config_hash(cfg),
-        corpus_sha256=plan.corpus_sha256, params=params,
+        corpus_sha256=plan.corpus_sha256, params=params, shards_reused=sum(s.cached for s in shards),
     )
     write_manifest(out, kind="index", backend=cfg.backend, config=cfg.model_dump(mode="json"),
                    config_hash=ref.config_hash, corpus=plan.corpus, corpus_sha256=plan.corpus_sha256,
@@ -214,11 +223,8 @@ def build_index(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str] | None = 
     from retrieval.dense import embed_shard
 
     out = Path(out_dir) if out_dir is not None else default_index_dir(cfg)
-    if not force and (old := read_manifest(out)) and old.get("config_hash") == config_hash(cfg):
-        from retrieval.corpus import corpus_fingerprint
-
-        if (ref := _reusable(cfg, out, corpus_fingerprint(resolve_data_path(cfg.corpus)))) is not None:
-            return ref
+    if not force and (ref := existing_index(cfg, out)) is not None:
+        return ref
     if cfg.backend == "hybrid":
         parts = [build_index(part_config(cfg, p), out / p, force) for p in (cfg.hybrid.first, cfg.hybrid.second)]
         return finalize_hybrid(cfg, out, parts)
@@ -259,3 +265,28 @@ def load_searcher(index_dir: str | Path) -> Searcher:
         return HybridSearcher(load_searcher(d / first), load_searcher(d / second), cfg.hybrid.rrf_k,
                               cfg.hybrid.candidates)
     raise ArtifactError(f"{index_dir}/manifest.json has unknown backend {backend!r}; rebuild the index")
+
+
+def log_index_run(name: str, cfg: IndexBuildConfig, ref: IndexRef, report: Any = None,
+                  extra_params: dict[str, Any] | None = None) -> str:
+    """Record a build in MLflow (params, counts, timings, sizes, recall metrics); returns the run id.
+
+    Args:
+        name: run name.
+        cfg: the build config (logged as flattened params).
+        ref: the built index.
+        report: a ``retrieval.recall.RecallReport`` (its metrics are logged) or None.
+        extra_params: more params (e.g. the eval files).
+    """
+    from infra.tracking import log_metrics, stage_run
+
+    params = {"index": cfg.model_dump(mode="json"), "index_dir": ref.uri, "config_hash": ref.config_hash,
+              **(extra_params or {})}
+    with stage_run(name, params=params, tags={"stage": "build_index", "backend": ref.backend}) as run:
+        metrics = {"n_passages": ref.n_passages, "n_source_rows": ref.n_source_rows, "index_size_bytes": ref.size_bytes,
+                   "shards_bytes": ref.shards_bytes, "shards_reused": ref.shards_reused, "reused": float(ref.reused),
+                   **{f"time.{k}": v for k, v in ref.timings.items()}}
+        if report is not None:
+            metrics.update(report.metrics())
+        log_metrics(metrics)
+        return run.info.run_id

@@ -35,7 +35,7 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infra.config import StrictModel
@@ -63,6 +63,7 @@ class BatchingConfig(StrictModel):
         "while the previous search ran (no added latency when idle)."
     )
     max_pending_queries: int = Field(default=8192, ge=1, description="Queue bound; beyond it requests get 503.")
+    workers: int = Field(default=1, ge=1, description="Batches that may run at once, each in its own thread.")
     baseline_threads: int = Field(default=8, ge=1, description="Thread pool size when batching is disabled.")
 
 
@@ -86,6 +87,12 @@ class ServerConfig(StrictModel):
     batching: BatchingConfig = Field(default_factory=BatchingConfig, description="Micro-batching settings.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request size and k limits.")
     log_level: str = Field(default="warning", description="uvicorn log level.")
+
+    @model_validator(mode="after")
+    def _default_k_within_cap(self) -> ServerConfig:
+        if self.default_k > self.limits.max_k:
+            raise ValueError(f"default_k={self.default_k} exceeds limits.max_k={self.limits.max_k}; lower default_k")
+        return self
 
 
 class RequestError(Exception):
@@ -213,7 +220,9 @@ def _make_service(searcher: Searcher, config: ServerConfig) -> SearchService:
     b = config.batching
     runner: MicroBatcher | PerRequestRunner
     if b.enabled:
-        runner = MicroBatcher(searcher.search, b.max_batch_queries, b.max_wait_ms / 1000, b.max_pending_queries)
+        runner = MicroBatcher(
+            searcher.search, b.max_batch_queries, b.max_wait_ms / 1000, b.max_pending_queries, b.workers
+        )
     else:
         runner = PerRequestRunner(searcher.search, b.baseline_threads)
     return SearchService(runner, QueryCache(config.cache_size))

@@ -111,6 +111,18 @@ class PassageStore:
         size = os.fstat(self._fh.fileno()).st_size
         self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
 
+    def close(self) -> None:
+        """Release the memory map and file handle."""
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        self._fh.close()
+
+    def __del__(self) -> None:
+        fh = getattr(self, "_fh", None)
+        if fh is not None and not fh.closed:
+            self.close()
+
     def __len__(self) -> int:
         return len(self._offsets) - 1
 

@@ -135,6 +135,20 @@ def load_generator(backend: str, model: str, **kwargs: Any) -> Generator:
     return cls.from_model(model, **kwargs)
 
 
+def length_buckets(lengths: list[int], batch_size: int, ratio: float | None) -> list[list[int]]:
+    """Indices grouped into batches of increasing length: at most ``batch_size`` each and, when ``ratio`` is set,
+    no member longer than ``ratio`` x the batch's shortest."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    buckets: list[list[int]] = []
+    for i in order:
+        cur = buckets[-1] if buckets else None
+        if cur is None or len(cur) >= batch_size or (ratio and lengths[i] > ratio * max(1, lengths[cur[0]])):
+            buckets.append([i])
+        else:
+            cur.append(i)
+    return buckets
+
+
 class _StopCriteria:
     """Per-row stopping for HF generate: a stop string in the decoded tail, or the row's own token budget."""
 
@@ -164,10 +178,14 @@ class TransformersGenerator:
         model: a causal LM (``AutoModelForCausalLM``).
         tokenizer: its tokenizer (EOS/pad fixed, see ``training.models``).
         batch_size: rows per forward batch.
+        bucket_ratio: rows are sorted by length and a batch is closed when the next prompt is longer than
+            ``bucket_ratio`` x its shortest (less left padding to prefill; on CPU prefill dominates after document
+            insertion). None = fixed batches (better on GPU, where decode steps dominate).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16) -> None:
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, bucket_ratio: float | None = 1.5) -> None:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.bucket_ratio = bucket_ratio
         self.eos_token: str | None = tokenizer.eos_token
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
@@ -188,7 +206,8 @@ class TransformersGenerator:
 
             torch.set_num_threads(threads)
         lm, tok = load_model(model, device=device, **kwargs)
-        return cls(lm, tok, batch_size=batch_size)
+        on_cpu = next(lm.parameters()).device.type == "cpu"
+        return cls(lm, tok, batch_size=batch_size, bucket_ratio=1.5 if on_cpu else None)
 
     @property
     def device(self) -> Any:
@@ -208,10 +227,8 @@ class TransformersGenerator:
         budgets = [b for b in (max_tokens or [sampling.max_tokens] * len(prompts)) for _ in range(k)]
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         out: list[Completion | None] = [None] * len(rows)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
+        for idx in length_buckets([len(r) for r in rows], self.batch_size, self.bucket_ratio):
             batch = self._generate_batch([rows[i] for i in idx], [budgets[i] for i in idx], sampling)
             for i, comp in zip(idx, batch, strict=True):
                 out[i] = comp

@@ -59,10 +59,23 @@ class Trajectory(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds: generate, search, total.")
 
 
+class TrajectoriesRef(BaseModel):
+    """Reference to a complete trajectories directory (what tasks pass around instead of the records)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    uri: str = Field(description="Directory (local path or fsspec URI) holding the files and manifest.json.")
+    count: int = Field(description="Number of trajectories.")
+    protocols: list[str] = Field(default_factory=list, description="Protocols present.")
+
+
 def write_trajectories(
     trajectories: list[Trajectory], directory: str | os.PathLike[str], **manifest: Any
-) -> str:
-    """Write ``trajectories.jsonl`` + ``trajectories.parquet`` then ``manifest.json``; return the directory URI."""
+) -> TrajectoriesRef:
+    """Write ``trajectories.jsonl`` + ``trajectories.parquet`` then ``manifest.json`` (last); return a ref.
+
+    Extra keyword arguments go into the manifest (inputs, config hash...).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -74,15 +87,13 @@ def write_trajectories(
     table = pa.Table.from_pylist(flat) if flat else pa.table({"question_id": pa.array([], pa.string())})
     with artifacts.atomic_open(artifacts.join(uri, "trajectories.parquet"), "wb") as fh:
         pq.write_table(table, fh)
-    artifacts.write_manifest(
-        uri, kind="trajectories", count=len(trajectories),
-        protocols=sorted({t.protocol for t in trajectories}), **manifest,
-    )
-    return uri
+    protocols = sorted({t.protocol for t in trajectories})
+    artifacts.write_manifest(uri, kind="trajectories", count=len(trajectories), protocols=protocols, **manifest)
+    return TrajectoriesRef(uri=uri, count=len(trajectories), protocols=protocols)
 
 
-def read_trajectories(directory: str | os.PathLike[str]) -> list[Trajectory]:
+def read_trajectories(ref: TrajectoriesRef | str | os.PathLike[str]) -> list[Trajectory]:
     """Read the trajectories of a complete directory (raises ArtifactError when the manifest is missing)."""
-    artifacts.require_manifest(directory, kind="trajectories")
-    return [Trajectory.model_validate(r) for r in artifacts.read_jsonl(artifacts.join(str(directory),
-                                                                                     "trajectories.jsonl"))]
+    uri = ref.uri if isinstance(ref, TrajectoriesRef) else str(ref)
+    artifacts.require_manifest(uri, kind="trajectories")
+    return [Trajectory.model_validate(r) for r in artifacts.read_jsonl(artifacts.join(uri, "trajectories.jsonl"))]

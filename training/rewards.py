@@ -38,7 +38,7 @@ class RewardBreakdown:
     reason: str = ""
 
     def as_dict(self) -> dict[str, float | str]:
-        """``{"score": ..., **parts, "reason": ...}``; verl accepts this as a dict reward."""
+        """``{"score": ..., **parts, "reason": ...}`` for logs (the verl adapter returns the floats only)."""
         return {"score": float(self.score), **self.parts, "reason": self.reason}
 
 

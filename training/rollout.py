@@ -176,6 +176,9 @@ def run_rollouts(
             if states[i].finished:
                 timing[i]["total"] = time.perf_counter() - t0
         step += 1
+    end = time.perf_counter() - t0
+    for t in timing:
+        t["total"] = t["total"] or end
     return [_to_record(s, protocol, tok, t) for s, t in zip(states, timing, strict=True)]
 
 

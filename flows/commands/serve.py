@@ -16,10 +16,11 @@ ENV_URL = "SEARCHLOOP_RETRIEVER_URL"
 
 
 def open_searcher(index: Path | None, corpus: Path | None):  # noqa: ANN201 - returns a retrieval Searcher
-    """Load a built index directory, or build BM25 over a corpus jsonl in memory.
+    """Load a built index directory (any backend), or build BM25 over a corpus jsonl in memory.
 
     Raises:
         ConfigError: when not exactly one of ``index`` / ``corpus`` is given.
+        ArtifactError: when ``index`` is not a finished index directory.
     """
     if (index is None) == (corpus is None):
         raise ConfigError("pass exactly one of --index <index dir> or --corpus <corpus.jsonl>")
@@ -28,12 +29,8 @@ def open_searcher(index: Path | None, corpus: Path | None):  # noqa: ANN201 - re
         from retrieval.corpus import read_corpus
 
         return BM25Searcher.build(read_corpus(corpus))
-    try:
-        from retrieval.index import load_searcher
-    except ImportError as exc:
-        raise ConfigError(
-            f"this checkout cannot load index directories ({exc}); serve a corpus with --corpus instead"
-        ) from exc
+    from retrieval.index import load_searcher
+
     return load_searcher(index)
 
 
@@ -47,6 +44,7 @@ def serve_retriever(
     cache_size: int = typer.Option(50_000, help="LRU query cache entries (0 disables)."),
     max_wait_ms: float = typer.Option(0.0, help="Extra micro-batch wait after the first request (0 = none)."),
     max_batch: int = typer.Option(256, help="Close a micro-batch once this many queries wait."),
+    workers: int = typer.Option(1, help="Micro-batches that may run at once (threads)."),
     no_batching: bool = typer.Option(False, help="One search per request in a thread pool (the seeds' baseline)."),
 ) -> None:
     """Serve an index over HTTP in every seed's wire format (FlashRAG, Search-R1, R1-Searcher, ExSearch)."""
@@ -57,7 +55,8 @@ def serve_retriever(
 
     cfg = build_config(ServerConfig, {
         "host": host, "port": port, "token": token, "cache_size": cache_size, "limits": {"max_k": max_k},
-        "batching": {"enabled": not no_batching, "max_wait_ms": max_wait_ms, "max_batch_queries": max_batch},
+        "batching": {"enabled": not no_batching, "max_wait_ms": max_wait_ms, "max_batch_queries": max_batch,
+                     "workers": workers},
     }, "command line")
     searcher = open_searcher(index, corpus)
     Console(stderr=True).print(

@@ -91,6 +91,33 @@ def test_no_wait_still_coalesces_requests_queued_together() -> None:
     assert len(fake.calls) <= 3, f"30 queued requests took {len(fake.calls) - 1} searcher calls"
 
 
+def test_workers_run_batches_in_parallel() -> None:
+    active, peak = 0, 0
+    lock = threading.Lock()
+
+    def slow(queries, k):
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.05)
+        with lock:
+            active -= 1
+        return [[Hit(id=q, text=q, score=1.0)] for q in queries]
+
+    async def main():
+        batcher = MicroBatcher(slow, max_batch_queries=2, workers=2)
+        await batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.submit([f"q{i}"], 1) for i in range(8)))
+        finally:
+            await batcher.close()
+
+    results = _run(main())
+    assert [r[0][0].id for r in results] == [f"q{i}" for i in range(8)]
+    assert peak == 2
+
+
 def test_duplicate_queries_searched_once_per_batch() -> None:
     fake = CountingSearcher(delay_s=0.01)
 

@@ -180,3 +180,18 @@ def test_cli_serve_retriever_subprocess(tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+def test_open_searcher_loads_index_dirs_and_corpora(tmp_path, mini_corpus_path) -> None:
+    from flows.commands.serve import open_searcher
+    from infra.errors import ArtifactError, ConfigError
+    from retrieval.index import IndexBuildConfig, build_index
+
+    ref = build_index(IndexBuildConfig(corpus=str(mini_corpus_path), backend="bm25"), tmp_path / "bm25")
+    from_index = open_searcher(Path(ref.uri), None)
+    from_corpus = open_searcher(None, mini_corpus_path)
+    assert from_index.search(["rock band"], 3) == from_corpus.search(["rock band"], 3)
+    with pytest.raises(ConfigError, match="exactly one"):
+        open_searcher(None, None)
+    with pytest.raises(ArtifactError):
+        open_searcher(tmp_path / "missing", None)

@@ -44,7 +44,6 @@ def test_colbert_ranks_exact_title_match_high(colbert_index) -> None:
 
 
 def test_plaid_refuses_untrained_checkpoint(mini_corpus_path, tmp_path) -> None:
-    pytest.importorskip("colbert")
     cfg = IndexBuildConfig(corpus=str(mini_corpus_path), backend="colbert", limit=20,
                            colbert=ColbertConfig(engine="colbert-plaid"))
     with pytest.raises(ConfigError, match="trained ColBERT checkpoint"):

@@ -44,7 +44,7 @@ def test_crashed_build_resumes_from_last_finished_shard(mini_corpus_path, tmp_pa
     hashing_encoder.fail_on_call, hashing_encoder.calls, hashing_encoder.texts = None, 0, 0
     ref = build_index(cfg, out)
     assert hashing_encoder.calls == 2 and hashing_encoder.texts == 200  # only shards 4 and 5 were embedded
-    assert ref.timings["shards_cached"] == 3 and ref.n_passages == 500
+    assert ref.shards_reused == 3 and ref.n_passages == 500
 
     fresh = build_index(cfg, tmp_path / "fresh")
     q = ["Scott Derrickson director", "Ed Wood film"]
@@ -112,3 +112,10 @@ def test_faiss_gpu_build(mini_corpus_path, tmp_path, hashing_encoder) -> None:
     shards = [embed_shard(tmp_path, s, tmp_path / SHARDS_DIR, hashing_encoder) for s in plan.store.shards]
     params = build_faiss_index(shards, DenseIndexConfig(type="flat", use_gpu="always"), tmp_path / "index.faiss")
     assert params["built_on_gpu"] and params["ntotal"] == 500
+
+
+def test_unknown_encoder_is_a_config_error() -> None:
+    from retrieval.encoders import SentenceTransformerEncoder
+
+    with pytest.raises(ConfigError, match="encoder.model='/nonexistent/model'"):
+        SentenceTransformerEncoder(EncoderConfig(model="/nonexistent/model"))

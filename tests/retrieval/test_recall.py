@@ -59,3 +59,16 @@ def test_bm25_recall_on_hotpotqa_mini(mini_corpus_path, data_dir, tmp_path) -> N
     assert hot.dataset == "hotpotqa" and hot.n == 50
     assert hot.any_gold[5] >= 0.9  # shared/data README baseline: 0.98
     assert bam.n == 0 and bam.skipped == 50
+
+
+def test_bm25_recall_on_full_multihop_wiki(shared_data, tmp_path) -> None:
+    from retrieval.index import IndexBuildConfig, build_index
+
+    corpus = shared_data / "corpus" / "multihop_wiki.jsonl"
+    ref = build_index(IndexBuildConfig(corpus=str(corpus), backend="bm25"), tmp_path)
+    assert ref.n_passages == 15569
+    files = [str(shared_data / "eval" / f"{d}_dev.jsonl") for d in ("hotpotqa", "2wikimultihopqa", "musique")]
+    report = evaluate_index_recall(ref.uri, RecallConfig(files=files, ks=[5]))
+    got = {d.dataset: (d.n, d.any_gold[5]) for d in report.datasets}
+    assert {k: n for k, (n, _) in got.items()} == {"hotpotqa": 816, "2wikimultihopqa": 668, "musique": 210}
+    assert all(any5 >= 0.85 for _, any5 in got.values())  # shared/data README baseline: 0.962 / 0.994 / 0.886

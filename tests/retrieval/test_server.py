@@ -160,3 +160,13 @@ def test_bearer_token(bm25) -> None:
         assert ok.status_code == 200 and len(ok.json()) == 1
         health = client.get("/health")
         assert health.status_code == 200 and health.json()["auth"] is True
+
+
+def test_config_rejects_default_k_above_cap() -> None:
+    from infra.config import build_config
+    from infra.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="default_k=20 exceeds limits.max_k=5"):
+        build_config(ServerConfig, {"default_k": 20, "limits": {"max_k": 5}})
+    with pytest.raises(ConfigError, match="unknown key"):
+        build_config(ServerConfig, {"limts": {}})

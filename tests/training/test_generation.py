@@ -122,3 +122,10 @@ def test_vllm_engine_stop_strings(smol_path) -> None:
     gen = VLLMGenerator.from_model(str(smol_path), gpu_memory_utilization=0.3)
     out = gen.generate(["Count: one, two, three, four, five"], SamplingParams(max_tokens=16, stop=[","]))
     assert out[0].text.endswith(",") and out[0].finish_reason == "stop"
+
+
+def test_length_buckets_limit_padding() -> None:
+    from training.generation import length_buckets
+
+    assert length_buckets([10, 100, 12, 110, 11, 400], 16, 1.5) == [[0, 4, 2], [1, 3], [5]]
+    assert length_buckets([1, 2, 3, 4, 5], 2, None) == [[0, 1], [2, 3], [4]]

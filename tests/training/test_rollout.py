@@ -86,10 +86,12 @@ def test_n_samples_and_exsearch_best_of_default(questions, scripted, bm25) -> No
 
 def test_write_and_read_trajectories(tmp_path, questions, scripted, bm25) -> None:
     trajs = run_rollouts(questions, "searchr1", scripted("searchr1"), bm25, RolloutConfig())
-    out = write_trajectories(trajs, tmp_path / "traj", protocol="searchr1")
-    manifest = artifacts.read_manifest(out)
+    ref = write_trajectories(trajs, tmp_path / "traj", config_hash="abc")
+    assert ref.count == 2 and ref.protocols == ["searchr1"]
+    manifest = artifacts.read_manifest(ref.uri)
+    assert manifest["config_hash"] == "abc"
     assert manifest["count"] == 2 and manifest["files"] == ["trajectories.jsonl", "trajectories.parquet"]
-    assert read_trajectories(out) == trajs
+    assert read_trajectories(ref) == trajs == read_trajectories(ref.uri)
     table = pq.read_table(tmp_path / "traj" / "trajectories.parquet")
     assert table.num_rows == 2 and table.column("loss_mask").to_pylist() == [t.loss_mask for t in trajs]
 

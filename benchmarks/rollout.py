@@ -1,0 +1,174 @@
+"""Rollout throughput, measured in one run on the same questions and backend:
+
+1. the batched engine (``training.rollout.run_rollouts`` over all questions at once);
+2. a sequential per-question loop (one ``run_rollouts`` call per question, how the seeds' eval scripts run);
+3. raw batched generation of the same per-question token counts, without search (the initial prompts, one
+   ``generate`` call, no stop strings).
+
+Prints trajectories/s of 1 and 2, the ratio (target >= 5x), and the search overhead of 1 against 3 as the extra
+time per generated token (target <= 20%). By default the prompt is primed with ``<search>`` so a 135M model
+actually issues searches (it copies the template's example query); ``--no-prime`` runs the protocol as is.
+
+Usage: ``PYTHONPATH=. python benchmarks/rollout.py --questions 16 --threads 1``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+PRIME = "<think> I need to look this up. </think> <search>"
+
+
+def _questions(dataset: str, n: int) -> list[Any]:
+    from evaluation.benchmarks import Question
+
+    rows = [orjson.loads(x) for x in (REPO / "data" / "eval" / f"{dataset}_mini.jsonl").read_bytes().splitlines()]
+    return [Question(id=str(r["id"]), question=r["question"], golden_answers=r.get("golden_answers", []))
+            for r in rows[:n]]
+
+
+def _protocol(name: str, prime: bool) -> Any:
+    from training.protocols.base import load_protocol
+
+    proto = load_protocol(name)
+    if prime:
+        base = proto.build_prompt
+        proto.build_prompt = lambda question, tokenizer=None: base(question, tokenizer) + PRIME  # type: ignore[method-assign]
+    return proto
+
+
+def _searcher(url: str | None) -> Any:
+    if url:
+        from retrieval.client import RetrieverClient
+
+        return RetrieverClient(url)
+    from retrieval.bm25 import BM25Searcher
+    from retrieval.corpus import iter_corpus
+
+    return BM25Searcher.build(list(iter_corpus(REPO / "data" / "corpus" / "mini.jsonl")))
+
+
+class _Timed:
+    """Wraps a generator or searcher and adds up the wall time of its calls."""
+
+    def __init__(self, inner: Any, method: str) -> None:
+        self.inner, self.method, self.seconds = inner, method, 0.0
+        self.eos_token = getattr(inner, "eos_token", None)
+        self.tokenizer = getattr(inner, "tokenizer", None)
+        self.name = getattr(inner, "name", "timed")
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.inner, item)
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return getattr(self.inner, self.method)(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def search(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+
+def _tokens(trajs: list[Any]) -> int:
+    return sum(t.tokens for tr in trajs for t in tr.turns)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Run the three measurements and print the table; returns the numbers."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--questions", type=int, default=16)
+    parser.add_argument("--dataset", default="hotpotqa")
+    parser.add_argument("--protocol", default="research")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy machine)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--tokens-per-turn", type=int, default=24)
+    parser.add_argument("--total-tokens", type=int, default=64)
+    parser.add_argument("--url", default=None, help="retriever server URL (default: in-process BM25 on the mini)")
+    parser.add_argument("--no-prime", action="store_true")
+    parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    from training.generation import SamplingParams, TransformersGenerator
+    from training.rollout import RolloutConfig, run_rollouts
+
+    gen = TransformersGenerator.from_model(args.model, device=args.device, batch_size=args.batch_size,
+                                           threads=args.threads)
+    searcher = _searcher(args.url)
+    questions = _questions(args.dataset, args.questions)
+    proto = _protocol(args.protocol, not args.no_prime)
+    cfg = RolloutConfig(max_tokens_per_turn=args.tokens_per_turn, max_total_tokens=args.total_tokens)
+    gen.generate(["warm up"], SamplingParams(max_tokens=2))
+
+    tgen, tsearch = _Timed(gen, "generate"), _Timed(searcher, "search")
+    t = time.perf_counter()
+    batched = run_rollouts(questions, proto, tgen, tsearch, cfg)
+    t_batched = time.perf_counter() - t
+
+    t = time.perf_counter()
+    sequential = [tr for q in questions for tr in run_rollouts([q], proto, gen, searcher, cfg)]
+    t_seq = time.perf_counter() - t
+
+    budgets = [max(1, sum(turn.tokens for turn in tr.turns)) for tr in batched]
+    prompts = [proto.build_prompt(q.question, gen.tokenizer) for q in questions]
+    t = time.perf_counter()
+    raw = gen.generate(prompts, SamplingParams(max_tokens=max(budgets)), max_tokens=budgets)
+    t_raw = time.perf_counter() - t
+
+    tok_b, tok_s, tok_r = _tokens(batched), _tokens(sequential), sum(len(c.token_ids) for c in raw)
+    res = {
+        "questions": len(questions), "searches_batched": sum(tr.n_searches for tr in batched),
+        "tokens_batched": tok_b, "tokens_sequential": tok_s, "tokens_raw": tok_r,
+        "seconds_batched": t_batched, "seconds_sequential": t_seq, "seconds_raw": t_raw,
+        "seconds_generate_in_batched": tgen.seconds, "seconds_search_in_batched": tsearch.seconds,
+        "seconds_engine_other_in_batched": t_batched - tgen.seconds - tsearch.seconds,
+        "traj_per_s_batched": len(batched) / t_batched, "traj_per_s_sequential": len(sequential) / t_seq,
+        "speedup_vs_sequential": t_seq / t_batched,
+        "search_overhead_vs_raw": (t_batched / max(tok_b, 1)) / (t_raw / max(tok_r, 1)) - 1.0,
+    }
+    _print(res, args)
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps({**res, "args": vars(args)}, option=orjson.OPT_INDENT_2))
+    return res
+
+
+def _print(res: dict[str, float], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"rollout benchmark: {args.protocol}, {res['questions']} {args.dataset} questions, "
+                        f"{args.model} on {args.device} ({args.threads} thread(s)), {args.tokens_per_turn} "
+                        f"tokens/turn, {args.total_tokens} total")
+    for col in ("run", "seconds", "generated tokens", "tokens/s", "trajectories/s"):
+        table.add_column(col, justify="right")
+    for name, key in (("batched engine", "batched"), ("sequential loop", "sequential"), ("raw generation", "raw")):
+        secs, toks = res[f"seconds_{key}"], res[f"tokens_{key}"]
+        tps = f"{res['questions'] / secs:.3f}" if key != "raw" else "-"
+        table.add_row(name, f"{secs:.1f}", str(toks), f"{toks / secs:.1f}", tps)
+    console = Console()
+    console.print(table)
+    console.print(f"batched run: {res['searches_batched']} searches; generate calls "
+                  f"{res['seconds_generate_in_batched']:.1f} s, retriever calls "
+                  f"{res['seconds_search_in_batched']:.2f} s, engine bookkeeping (parsing, insertion, masks) "
+                  f"{res['seconds_engine_other_in_batched']:.2f} s")
+    console.print(f"batched vs sequential: [bold]{res['speedup_vs_sequential']:.2f}x[/] (target >= 5x)")
+    console.print(f"search overhead vs raw generation (time per token): "
+                  f"[bold]{100 * res['search_overhead_vs_raw']:+.1f}%[/] (target <= 20%)")
+
+
+if __name__ == "__main__":
+    main()

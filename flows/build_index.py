@@ -1,0 +1,76 @@
+"""``build_index`` flow: validate corpus -> embed shards -> build index -> manifest -> recall -> MLflow run.
+
+Composition only: every step is a task in ``tasks.retrieval`` wrapping one library function. Dense shards are
+embedded one task per shard (retried, cached by content hash); a hybrid index builds both parts the same way and
+then writes its own manifest. Returns a small :class:`BuildIndexResult`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.config import StrictModel
+from retrieval.index import IndexBuildConfig, IndexRef, default_index_dir, part_config
+from retrieval.recall import RecallConfig, RecallReport
+from tasks import retrieval as t
+
+
+class BuildIndexFlowConfig(StrictModel):
+    """A preset for ``searchloop index build``: the index, where it goes, and how it is evaluated."""
+
+    name: str = Field(default="index", description="Run name (MLflow run and default directory label).")
+    index: IndexBuildConfig = Field(
+        default_factory=lambda: IndexBuildConfig(corpus="data/corpus/mini.jsonl"), description="What to build."
+    )
+    output_dir: str | None = Field(
+        default=None, description="Index directory; None = <home>/runs/indexes/<backend>-<config hash>."
+    )
+    evaluation: RecallConfig = Field(default_factory=RecallConfig, description="Recall evaluation after the build.")
+    evaluate: bool = Field(default=True, description="Run the recall evaluation after the build.")
+    force: bool = Field(default=False, description="Rebuild even if an identical complete index exists.")
+
+
+class BuildIndexResult(BaseModel):
+    """What the flow returns: references, not objects."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: IndexRef = Field(description="The built (or reused) index.")
+    recall: RecallReport | None = Field(description="Recall report, when evaluated.")
+    mlflow_run_id: str = Field(description="MLflow run holding params, counts, timings, sizes and recall.")
+
+
+def _build_single(cfg: IndexBuildConfig, out: str, force: bool) -> IndexRef:
+    existing = None if force else t.find_existing_index(cfg, out)
+    if existing is not None:
+        return existing
+    plan = t.plan_index(cfg, out)
+    shards = []
+    if cfg.backend == "dense":
+        embed = t.embed_shard.with_options(refresh_cache=force)
+        shards = [embed(plan.out_dir, spec, str(Path(plan.out_dir) / "shards"), cfg.encoder)
+                  for spec in plan.store.shards]
+    return t.finalize_index(cfg, plan, shards)
+
+
+@flow(name="build_index", log_prints=True)
+def build_index_flow(cfg: BuildIndexFlowConfig) -> BuildIndexResult:
+    """Build, evaluate and record one index."""
+    out = cfg.output_dir or str(default_index_dir(cfg.index))
+    t.validate_corpus(cfg.index.corpus)
+    if cfg.index.backend == "hybrid":
+        existing = None if cfg.force else t.find_existing_index(cfg.index, out)
+        parts = [] if existing else [
+            _build_single(part_config(cfg.index, p), str(Path(out) / p), cfg.force)
+            for p in (cfg.index.hybrid.first, cfg.index.hybrid.second)
+        ]
+        ref = existing or t.finalize_hybrid(cfg.index, out, parts)
+    else:
+        ref = _build_single(cfg.index, out, cfg.force)
+    report = t.evaluate_recall(ref.uri, cfg.evaluation) if cfg.evaluate else None
+    run_id = t.log_index_run(cfg.name, cfg.index, ref, report, {"eval_files": cfg.evaluation.files,
+                                                                 "eval_ks": cfg.evaluation.ks})
+    return BuildIndexResult(index=ref, recall=report, mlflow_run_id=run_id)

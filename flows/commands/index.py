@@ -1,0 +1,87 @@
+"""CLI: ``searchloop index build`` runs the build_index flow from a preset; ``searchloop index eval`` scores an index.
+
+Heavy imports (Prefect, the backends) happen inside the commands so ``searchloop --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from infra.errors import ConfigError
+
+
+def recall_table(report, title: str):  # noqa: ANN001, ANN201 - RecallReport -> rich Table (lazy imports)
+    """A rich table with one row per dataset and cut-off k: any-gold, all-gold and mean fraction of gold found."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("dataset", "n", "k", "any-gold", "all-gold", "mean frac"):
+        table.add_column(col, justify="left" if col == "dataset" else "right")
+    for d in report.datasets:
+        if not d.n:
+            table.add_row(d.dataset, "0", "-", "-", "-", "-", end_section=True)
+            continue
+        for i, k in enumerate(report.ks):
+            table.add_row(d.dataset if i == 0 else "", str(d.n) if i == 0 else "", str(k), f"{d.any_gold[k]:.3f}",
+                          f"{d.all_gold[k]:.3f}", f"{d.mean_fraction[k]:.3f}", end_section=i == len(report.ks) - 1)
+    return table
+
+
+def build(
+    preset: str = typer.Option("index_mini_bm25", "--preset", "-p", help="Preset name (flows/configs) or YAML path."),
+    overrides: list[str] | None = typer.Argument(None, help="key.sub=value overrides, e.g. index.backend=dense."),
+) -> None:
+    """Build an index with the build_index Prefect flow, evaluate recall and log an MLflow run."""
+    from rich.console import Console
+
+    from infra.config import load_config
+    from infra.settings import apply_embedded_environment
+
+    apply_embedded_environment()
+    from flows.build_index import BuildIndexFlowConfig, build_index_flow
+
+    cfg = load_config(BuildIndexFlowConfig, preset, overrides or [])
+    result = build_index_flow(cfg)
+    console = Console()
+    ref = result.index
+    console.print(f"[green]index[/] {ref.backend} at {ref.uri}: {ref.n_passages} passages, "
+                  f"{ref.size_bytes / 1e6:.1f} MB{' (reused)' if ref.reused else ''}")
+    if result.recall is not None:
+        console.print(recall_table(result.recall, f"recall ({ref.backend}, {cfg.name})"))
+        for d in result.recall.datasets:
+            if d.note:
+                console.print(f"[yellow]{d.dataset}[/]: {d.note}")
+    console.print(f"MLflow run id: [bold]{result.mlflow_run_id}[/]")
+
+
+def evaluate(
+    index_dir: Path = typer.Argument(..., help="A built index directory (with manifest.json)."),
+    eval_files: list[str] = typer.Option(["data/eval/hotpotqa_mini.jsonl"], "--eval", "-e",
+                                         help="Eval jsonl (repeatable)."),
+    k: list[int] = typer.Option([1, 5, 10], "--k", "-k", help="Cut-offs (repeatable)."),
+) -> None:
+    """Recall@k of gold passages for an existing index (no flow, no MLflow run)."""
+    from rich.console import Console
+
+    from infra.config import build_config
+    from retrieval.recall import RecallConfig, evaluate_index_recall
+
+    if any(x < 1 for x in k):
+        raise ConfigError(f"--k values must be >= 1, got {k}")
+    cfg = build_config(RecallConfig, {"files": eval_files, "ks": k}, "command line")
+    report = evaluate_index_recall(index_dir, cfg)
+    console = Console()
+    console.print(recall_table(report, f"recall of {index_dir}"))
+    for d in report.datasets:
+        if d.note:
+            console.print(f"[yellow]{d.dataset}[/]: {d.note}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``index`` command group."""
+    index_app = typer.Typer(help="Build and evaluate retrieval indexes.", no_args_is_help=True)
+    index_app.command("build")(build)
+    index_app.command("eval")(evaluate)
+    app.add_typer(index_app, name="index")

@@ -1,0 +1,161 @@
+"""Ops commands: ``searchloop up | down | status`` (the local stack) and ``searchloop deploy register | run``.
+
+``up`` starts the Prefect server (UI on 127.0.0.1:4200), the MLflow server (127.0.0.1:5000) and process workers,
+then registers a deployment for every flow. ``deploy run <flow>`` submits a run to the server and follows its
+logs. The API URL comes from ``PREFECT_API_URL`` or from the stack that ``up`` recorded.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra.errors import ConfigError, SearchloopError
+
+console = Console()
+
+
+def _parse_schedules(items: list[str]) -> dict[str, float | str]:
+    out: dict[str, float | str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"--schedule {item!r} must be flow=SECONDS or flow='CRON' (e.g. retrain=3600)")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            out[name] = value
+    return out
+
+
+def _api_url() -> str:
+    from infra import stack
+
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        return url
+    state = stack.read_state()
+    if state is None:
+        raise SearchloopError("no Prefect server known: run `searchloop up` first or set PREFECT_API_URL")
+    return state["prefect_api_url"]
+
+
+@contextmanager
+def _prefect_api(url: str):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield
+
+
+def _register(schedules: dict[str, float | str]) -> dict[str, str]:
+    from flows import deployments
+
+    with _prefect_api(_api_url()):
+        return deployments.register_all(schedules=schedules)
+
+
+def _params(items: list[str]) -> dict[str, Any]:
+    from infra.config import apply_overrides
+
+    return apply_overrides({}, items)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``up``, ``down``, ``status`` and the ``deploy`` group to the root app."""
+    deploy = typer.Typer(help="Prefect deployments: register every flow, run one through the server.",
+                         no_args_is_help=True)
+    app.add_typer(deploy, name="deploy")
+
+    @app.command("up")
+    def up(
+        prefect_port: int = typer.Option(4200, help="Prefect server port."),
+        mlflow_port: int = typer.Option(5000, help="MLflow server port."),
+        schedule: list[str] = typer.Option([], help="flow=SECONDS or flow=CRON: also a scheduled deployment."),
+        deploy_flows: bool = typer.Option(True, "--deploy/--no-deploy", help="Register a deployment per flow."),
+    ) -> None:
+        """Start the local stack (Prefect server + UI, MLflow server, workers) and register deployments."""
+        from infra import stack
+
+        cfg = stack.default_config(prefect_port=prefect_port, mlflow_port=mlflow_port)
+        timings = stack.up(cfg)
+        for name, seconds in timings.items():
+            console.print(f"[green]up[/] {name} ({seconds:.1f} s)")
+        if deploy_flows:
+            os.environ["PREFECT_API_URL"] = cfg.prefect_api_url
+            for key, dep_id in _register(_parse_schedules(schedule)).items():
+                console.print(f"deployment {key} ({dep_id})")
+        console.print(f"Prefect UI: {cfg.prefect_ui_url}   MLflow UI: {cfg.mlflow_url}")
+        console.print(f"export PREFECT_API_URL={cfg.prefect_api_url} MLFLOW_TRACKING_URI={cfg.mlflow_url}")
+
+    @app.command("down")
+    def down() -> None:
+        """Stop the workers and servers started by `searchloop up` (their data stays)."""
+        from infra import stack
+
+        stopped = stack.down(stack.default_config())
+        console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+    @app.command("status")
+    def status() -> None:
+        """Show which stack services run, their health and logs."""
+        from infra import stack
+
+        table = Table("service", "pid", "running", "healthy", "log")
+        for row in stack.status(stack.default_config()):
+            healthy = "-" if row["healthy"] is None else ("yes" if row["healthy"] else "[red]no[/]")
+            table.add_row(str(row["name"]), str(row["pid"]), "yes" if row["running"] else "[red]no[/]",
+                          healthy, str(row["log"]))
+        console.print(table)
+        state = stack.read_state()
+        if state:
+            console.print(f"Prefect UI: {state['prefect_ui_url']}   MLflow UI: {state['mlflow_url']}")
+
+    @deploy.command("register")
+    def deploy_register(
+        schedule: list[str] = typer.Option([], help="flow=SECONDS or flow=CRON: also a scheduled deployment."),
+    ) -> None:
+        """Register (create or update) a deployment for every flow in flows/."""
+        for key, dep_id in _register(_parse_schedules(schedule)).items():
+            console.print(f"deployment {key} ({dep_id})")
+
+    @deploy.command("pool")
+    def deploy_pool(
+        name: str = typer.Argument(..., help="Work pool name, e.g. gpu-docker or gpu-k8s."),
+        pool_type: str = typer.Option("docker", "--type", help="Work pool type: process, docker, kubernetes."),
+        template: str = typer.Option(None, help="Base job template JSON (see infra/compose/base-job-template-*.json)."),
+        concurrency: int = typer.Option(None, help="Pool concurrency limit (e.g. the number of GPUs)."),
+    ) -> None:
+        """Create or update a work pool with a base job template (validated by the server)."""
+        from pathlib import Path
+
+        from infra import stack
+
+        pool = stack.apply_work_pool(_api_url(), name, pool_type, Path(template) if template else None, concurrency)
+        console.print(f"work pool {pool['name']} ({pool['type']}), concurrency {pool.get('concurrency_limit')}")
+
+    @deploy.command("run")
+    def deploy_run(
+        flow_name: str = typer.Argument(..., help="Flow name, e.g. retrain (see `searchloop deploy register`)."),
+        deployment: str = typer.Option("default", help="Deployment name of the flow."),
+        param: list[str] = typer.Option([], help="Flow parameter override key.sub=value, e.g. config.name=x."),
+        follow: bool = typer.Option(True, "--follow/--no-follow", help="Stream logs until the run finishes."),
+        timeout: float = typer.Option(3600, help="Seconds to follow before giving up."),
+    ) -> None:
+        """Submit a run of FLOW_NAME to the Prefect server (a worker executes it) and follow its logs."""
+        from flows import deployments
+
+        with _prefect_api(_api_url()):
+            run_id = deployments.submit(f"{flow_name}/{deployment}", _params(param))
+            console.print(f"submitted flow run {run_id}")
+            if not follow:
+                return
+            final = deployments.follow(run_id, timeout=timeout, on_log=lambda line: console.print(line, markup=False))
+        console.print(f"flow run {run_id}: {final}")
+        if final != "COMPLETED":
+            raise typer.Exit(1)

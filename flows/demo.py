@@ -1,0 +1,57 @@
+"""``demo`` flow, the main job on embedded defaults: indexes -> live retriever -> recall -> agent evaluation.
+
+Builds the BM25 and dense indexes over the shipped mini corpus (each a ``build_index`` subflow with its recall
+table and MLflow run), serves one over HTTP on 127.0.0.1, and evaluates SmolLM2 as a search agent on the four mini
+benchmarks through that server (the ``evaluate`` subflow). Prints the tables and the MLflow run ids.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+from pydantic import BaseModel, Field
+
+from flows.build_index import BuildIndexFlowConfig, build_index_flow
+from flows.evaluate import EvaluateConfig, evaluate
+from infra.config import StrictModel, load_config
+from infra.settings import get_settings
+from tasks.serving import start_retriever_task, stop_retriever_task
+
+
+class DemoConfig(StrictModel):
+    """What the demo builds, serves and evaluates (presets by name)."""
+
+    index_presets: list[str] = Field(default_factory=lambda: ["index_mini_bm25", "index_mini_dense"],
+                                     min_length=1, description="build_index presets to build and evaluate.")
+    serve: int = Field(default=0, ge=0, description="Which of index_presets the agent searches (position).")
+    eval_preset: str = Field(default="eval_demo", description="evaluate preset for the agent run.")
+    run_agent: bool = Field(default=True, description="Run the agent evaluation after the indexes.")
+
+
+class DemoResult(BaseModel):
+    """Run ids and tables of the demo."""
+
+    index_runs: dict[str, str] = Field(description="preset -> MLflow run id of its build_index run.")
+    recall: dict[str, dict[str, float]] = Field(description="preset -> {dataset: recall@5 any-gold}.")
+    eval_run: str | None = Field(description="MLflow run id of the agent evaluation.")
+    eval_table: str | None = Field(description="Markdown table of the agent evaluation.")
+
+
+@flow(name="demo", log_prints=True)
+def demo(config: DemoConfig = DemoConfig()) -> DemoResult:  # noqa: B008
+    """Build, serve, evaluate."""
+    builds = {p: build_index_flow(load_config(BuildIndexFlowConfig, p)) for p in config.index_presets}
+    recall = {p: {d.dataset: d.any_gold[5] for d in r.recall.datasets if d.n and 5 in d.any_gold}
+              for p, r in builds.items() if r.recall}
+    eval_run = table = None
+    if config.run_agent:
+        served = builds[config.index_presets[config.serve]]
+        service = start_retriever_task(served.index.uri, str(get_settings().home / "services"))
+        try:
+            ev = load_config(EvaluateConfig, config.eval_preset, [f"agent.retriever.url={service.url}",
+                                                                  "agent.retriever.corpus=null"])
+            result = evaluate(ev)
+            eval_run, table = result.run_id, result.markdown
+        finally:
+            stop_retriever_task(service)
+    return DemoResult(index_runs={p: r.mlflow_run_id for p, r in builds.items()}, recall=recall,
+                      eval_run=eval_run, eval_table=table)

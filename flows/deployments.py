@@ -1,0 +1,154 @@
+"""Register a Prefect deployment for every flow in ``flows/`` and submit runs to them, following their logs.
+
+Discovery: every module ``flows/<name>.py`` is imported and each ``prefect.Flow`` defined in it gets a deployment
+``<flow-name>/default`` on the ``cpu`` pool (or the pool named by the module's ``WORK_POOL``). The entrypoint is
+the module path (``flows.retrain.retrain``) and the job runs in the repository root, so a process worker needs no
+code download; the UI form comes from the flow's parameter types (our pydantic config models). A scheduled
+variant (``<flow-name>/scheduled``) is added for flows given an interval or a cron string.
+
+This lives in ``flows/`` rather than ``infra/`` because library code never imports Prefect (a test checks it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from prefect import Flow
+from prefect.deployments.runner import EntrypointType
+
+from infra.errors import ConfigError
+from infra.settings import REPO_ROOT
+
+NOT_FLOW_MODULES = {"cli", "deployments", "commands"}
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def discover_flows() -> dict[str, tuple[Flow, str]]:
+    """Flow name -> (flow, work pool) for every flow defined in a ``flows/*.py`` module."""
+    import flows as pkg
+
+    found: dict[str, tuple[Flow, str]] = {}
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        if info.name in NOT_FLOW_MODULES or info.ispkg or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"flows.{info.name}")
+        pool = getattr(module, "WORK_POOL", "cpu")
+        for obj in vars(module).values():
+            if isinstance(obj, Flow) and getattr(obj.fn, "__module__", None) == module.__name__:
+                found[obj.name] = (obj, pool)
+    return found
+
+
+def job_variables() -> dict[str, Any]:
+    """Process-worker job variables: run in the repository root with it on ``PYTHONPATH``."""
+    return {"working_dir": str(REPO_ROOT), "env": {"PYTHONPATH": str(REPO_ROOT)}}
+
+
+def register(
+    flow: Flow, pool: str = "cpu", name: str = "default", interval: float | None = None, cron: str | None = None,
+    parameters: dict[str, Any] | None = None, concurrency_limit: int | None = None,
+) -> str:
+    """Create or update one deployment; returns its id."""
+    deployment = flow.to_deployment(
+        name=name, work_pool_name=pool, job_variables=job_variables(), parameters=parameters or {},
+        interval=timedelta(seconds=interval) if interval else None, cron=cron, tags=["searchloop"],
+        entrypoint_type=EntrypointType.MODULE_PATH, concurrency_limit=concurrency_limit,
+    )
+    return str(deployment.apply())
+
+
+def register_all(schedules: dict[str, float | str] | None = None,
+                 pools: dict[str, str] | None = None) -> dict[str, str]:
+    """Register ``<flow>/default`` for every flow, plus ``<flow>/scheduled`` for flows in ``schedules``.
+
+    Args:
+        schedules: flow name -> interval seconds (number) or cron string.
+        pools: flow name -> work pool, overriding the module's ``WORK_POOL``.
+
+    Returns:
+        ``"flow/deployment"`` -> deployment id.
+    """
+    found = discover_flows()
+    unknown = sorted(set(schedules or {}) - set(found))
+    if unknown:
+        raise ConfigError(f"no flow named {unknown} in flows/; known flows: {sorted(found)}")
+    out = {}
+    for flow_name, (flow, pool) in found.items():
+        pool = (pools or {}).get(flow_name, pool)
+        out[f"{flow_name}/default"] = register(flow, pool)
+        sched = (schedules or {}).get(flow_name)
+        if sched is not None:
+            kw = {"cron": sched} if isinstance(sched, str) else {"interval": float(sched)}
+            out[f"{flow_name}/scheduled"] = register(flow, pool, name="scheduled", concurrency_limit=1, **kw)
+    return out
+
+
+def submit(deployment: str, parameters: dict[str, Any] | None = None) -> str:
+    """Create a flow run of ``deployment`` (``flow/name``) without waiting; returns the flow-run id."""
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(deployment, parameters=parameters or {}, timeout=0, as_subflow=False)
+    return str(run.id)
+
+
+def follow(flow_run_id: str, timeout: float = 3600, on_log: Callable[[str], None] = print,
+           poll: float = 1.0) -> str:
+    """Stream a flow run's logs through ``on_log`` until it finishes; returns the final state type name.
+
+    Raises:
+        TimeoutError: if the run is not final after ``timeout`` seconds.
+    """
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    seen: set[UUID] = set()
+    deadline = time.monotonic() + timeout
+    flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)]))
+    with get_client(sync_client=True) as client:
+
+        task_names: dict[UUID, str] = {}
+
+        def source(entry: Any) -> str:
+            if entry.task_run_id is None:
+                return ""
+            if entry.task_run_id not in task_names:
+                task_names[entry.task_run_id] = client.read_task_run(entry.task_run_id).name
+            return f"[{task_names[entry.task_run_id]}] "
+
+        def drain() -> None:
+            for entry in client.read_logs(flt, sort=LogSort.TIMESTAMP_ASC, limit=200, offset=len(seen)):
+                if entry.id not in seen:
+                    seen.add(entry.id)
+                    on_log(f"{entry.timestamp:%H:%M:%S} {source(entry)}{entry.message}")
+
+        while True:
+            run = client.read_flow_run(UUID(flow_run_id))
+            drain()
+            state = run.state.type.value if run.state else "PENDING"
+            if state in FINAL:
+                time.sleep(2.5)  # logs are shipped in batches; collect the last ones
+                drain()
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"flow run {flow_run_id} still {state} after {timeout:.0f} s")
+            time.sleep(poll)
+
+
+def run_on_server(flow_name: str, parameters: dict[str, Any] | None = None, deployment: str = "default",
+                  follow_logs: bool = True, on_log: Callable[[str], None] = print, timeout: float = 24 * 3600) -> str:
+    """Submit ``<flow_name>/<deployment>`` to the Prefect server and (optionally) follow it to the end.
+
+    For CLI commands with a ``--deployment`` switch (``searchloop run <flow> --deployment``): returns the final
+    state name (``COMPLETED``...) or ``SUBMITTED`` when not following.
+    """
+    run_id = submit(f"{flow_name}/{deployment}", parameters)
+    on_log(f"submitted flow run {run_id}")
+    return follow(run_id, timeout=timeout, on_log=on_log) if follow_logs else "SUBMITTED"

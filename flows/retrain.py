@@ -1,0 +1,153 @@
+"""``retrain`` flow: scheduled retraining triggered by corpus changes.
+
+check corpus hash -> (unchanged: fast no-op that says so) -> per-passage diff (added / changed / deleted) -> build
+the index of the updated corpus (``retrieval.index``: any backend; BM25 statistics are corpus-wide, so the index is
+rebuilt; a dense build resumes from finished shards) -> recall of candidate vs incumbent (the live retriever when
+``retriever_url`` is set, else the previous champion index) -> promotion gate -> (hook) retrain the model from the
+current ``champion`` -> one MLflow run + a markdown artifact on the flow run saying why -> commit the corpus state
+(last: if anything before fails, e.g. MLflow is down, the next run redoes only what has no manifest).
+
+Deploy it on a schedule with ``searchloop deploy register`` (interval from ``RetrainConfig``), or run it once with
+``searchloop deploy run retrain``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Literal
+
+from prefect import flow, get_run_logger
+from pydantic import Field
+
+from evaluation.gate import recall_gate_value
+from infra import artifacts
+from infra.config import StrictModel
+from infra.settings import get_settings
+from retrieval.index import IndexBuildConfig, resolve_data_path
+from retrieval.recall import RecallConfig, RecallReport
+from tasks import ops
+
+# trainer -> (module, flow function, override pointing the trainer's retriever at the new corpus)
+TRAINERS = {
+    "em_loop": ("flows.em_loop", "em_loop", "retriever.corpus=['{corpus}']"),
+    "rl_finetune": ("flows.rl_finetune", "rl_finetune", None),
+}
+
+
+class RetrainConfig(StrictModel):
+    """Parameters of the scheduled retraining flow (the Prefect UI form is generated from this model)."""
+
+    name: str = Field(default="default", description="Name of this watch; its state lives under state_root/name.")
+    corpus: str = Field(
+        default="data/corpus/mini.jsonl", description="Corpus jsonl to watch (path, repo-relative path or s3://)."
+    )
+    state_root: str | None = Field(default=None, description="Where watch state and indexes live (default home).")
+    index: IndexBuildConfig | None = Field(
+        default=None, description="Index build settings (backend, encoder...); its corpus is replaced by `corpus`."
+    )
+    evaluation: RecallConfig = Field(
+        default_factory=lambda: RecallConfig(ks=[5]), description="Eval files and cut-offs for the recall gate."
+    )
+    top_k: int = Field(default=5, ge=1, description="k of the recall@k gate metric (must be in evaluation.ks).")
+    min_delta: float = Field(default=-0.02, description="Gate: candidate >= incumbent + min_delta to promote.")
+    retriever_url: str | None = Field(default=None, description="Live retriever serving the incumbent index.")
+    trainer: Literal["none", "em_loop", "rl_finetune"] = Field(
+        default="none", description="Model retraining hook run after an index change ('none' skips it)."
+    )
+    preset: str | None = Field(default=None, description="Preset passed to the trainer flow (its default if None).")
+    trainer_overrides: list[str] = Field(
+        default_factory=list, description="Extra key=value overrides for the trainer flow (e.g. base_model=...)."
+    )
+    experiment: str = Field(default="searchloop-retrain", description="MLflow experiment.")
+
+
+class RetrainResult(StrictModel):
+    """What a retraining run did."""
+
+    status: Literal["no-op", "promoted", "rejected"] = Field(description="Outcome.")
+    message: str = Field(description="Human-readable summary (also in the flow-run log).")
+    corpus_sha256: str = Field(description="Hash of the corpus that was checked.")
+    index_dir: str | None = Field(default=None, description="Index built in this run.")
+    index_reused: bool = Field(default=False, description="True when a finished index was found and not rebuilt.")
+    mlflow_run_id: str | None = Field(default=None, description="MLflow run with the decision.")
+
+
+def _state_dir(cfg: RetrainConfig) -> str:
+    root = cfg.state_root or str(get_settings().home / "retrain")
+    return artifacts.join(root, cfg.name)
+
+
+def _model_hook(cfg: RetrainConfig) -> str:
+    """Run the trainer flow as a subflow (it owns its champion gate); return a one-line note for the record."""
+    if cfg.trainer == "none":
+        return "model retraining skipped (trainer=none)"
+    module_name, fn_name, corpus_override = TRAINERS[cfg.trainer]
+    try:
+        trainer = getattr(importlib.import_module(module_name), fn_name)
+    except (ModuleNotFoundError, AttributeError):
+        return f"model retraining skipped: {module_name}.{fn_name} is not available in this build"
+    overrides = ([corpus_override.format(corpus=cfg.corpus)] if corpus_override else []) + cfg.trainer_overrides
+    result = trainer(overrides=overrides, **({"preset": cfg.preset} if cfg.preset else {}))
+    stages = result if isinstance(result, list) else [result]
+    moved = any(bool(getattr(r, "promoted", False)) for r in stages)
+    return f"{cfg.trainer} retrained on the new corpus ({len(stages)} stage(s)); champion moved: {moved}"
+
+
+def _incumbent(cfg: RetrainConfig, previous_index: str | None) -> RecallReport | None:
+    if cfg.retriever_url:
+        return ops.evaluate_live_retriever(cfg.retriever_url, cfg.evaluation)
+    if previous_index and artifacts.read_manifest(previous_index) is not None:
+        return ops.evaluate_index(previous_index, cfg.evaluation)
+    return None
+
+
+@flow(name="retrain", description="Scheduled retraining: corpus change -> index refresh -> gate -> retrain hook.")
+def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: B008 - frozen model default
+    """Check the corpus and, when it changed, refresh the index and run the promotion gate."""
+    log = get_run_logger()
+    config = config.model_copy(update={"corpus": resolve_data_path(config.corpus)})
+    state_dir = _state_dir(config)
+    check = ops.check_corpus(config.corpus, state_dir)
+    if not check.changed:
+        msg = f"no-op: corpus {config.corpus} unchanged (sha256 {check.sha256[:12]}); nothing rebuilt or retrained"
+        log.info(msg)
+        return RetrainResult(status="no-op", message=msg, corpus_sha256=check.sha256, index_dir=check.previous_index)
+    diff = ops.diff_corpus(config.corpus, state_dir)
+    log.info("corpus changed (%s -> %s): %s", (check.previous_sha256 or "none")[:12], check.sha256[:12], diff.counts())
+    index_dir = artifacts.join(state_dir, "indexes", check.sha256[:16])
+    build_cfg = (config.index or IndexBuildConfig(corpus=config.corpus)).model_copy(update={"corpus": config.corpus})
+    ref = ops.build_index(build_cfg, index_dir)
+    report = ops.evaluate_index(index_dir, config.evaluation)
+    incumbent_report = _incumbent(config, check.previous_index)
+    candidate = recall_gate_value(report, config.top_k)
+    incumbent = recall_gate_value(incumbent_report, config.top_k) if incumbent_report else None
+    decision = ops.gate(f"recall_at_{config.top_k}", candidate, incumbent, config.min_delta)
+    model_note = _model_hook(config) if decision.promote else "model retraining skipped: gate rejected"
+    champion = index_dir if decision.promote else check.previous_index
+    record = {"corpus": config.corpus, "sha256": check.sha256, "diff": diff.counts(), "index_dir": index_dir,
+              "index_reused": ref.reused, "decision": decision.model_dump(), "champion_index": champion,
+              "model": model_note}
+    run_id = ops.log_to_mlflow(
+        f"retrain-{config.name}", config.experiment, params=config.model_dump(mode="json"),
+        metrics={**{f"diff_{k}": v for k, v in diff.counts().items()}, "candidate_recall": candidate,
+                 **({"incumbent_recall": incumbent} if incumbent is not None else {}),
+                 "promoted": float(decision.promote), "n_passages": ref.n_passages, "index_reused": float(ref.reused),
+                 **{f"time.{k}": v for k, v in ref.timings.items()}, **report.metrics()},
+        tags={"decision": "promoted" if decision.promote else "rejected", "reason": decision.reason[:500],
+              "model": model_note[:500], "backend": ref.backend, **ops.flow_run_info()},
+        record=record,
+    )
+    status = "promoted" if decision.promote else "rejected"
+    msg = f"{status}: {decision.reason}; {model_note}; MLflow run {run_id}"
+    ops.record_decision(f"retrain-{config.name}".lower().replace("_", "-"), _markdown(record, msg))
+    ops.commit_state(state_dir, check, config.corpus, index_dir, {"champion_index": champion, "mlflow_run_id": run_id})
+    log.info(msg)
+    return RetrainResult(status=status, message=msg, corpus_sha256=check.sha256, index_dir=index_dir,
+                         index_reused=ref.reused, mlflow_run_id=run_id)
+
+
+def _markdown(record: dict, msg: str) -> str:
+    diff = record["diff"]
+    return (f"## Scheduled retraining\n\n**{msg}**\n\n| added | changed | deleted | unchanged | total |\n"
+            f"|---|---|---|---|---|\n| {diff['added']} | {diff['changed']} | {diff['deleted']} | "
+            f"{diff['unchanged']} | {diff['total']} |\n\nIndex: `{record['index_dir']}`\n")
