@@ -132,21 +132,29 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
     return ref
 
 
-def register_checkpoint(ref: CheckpointRef, name: str) -> dict[str, Any]:
-    """Log the HF folder as an MLflow artifact of the active run and register it as a model version.
+def register_checkpoint(ref: CheckpointRef, name: str) -> dict[str, str]:
+    """Register the policy's HF folder as a version of registered model ``name`` (idempotent per folder).
 
-    Returns ``{"name", "version", "source"}``. The folder is registered as an artifact directory (no flavor
-    dependencies), so any engine's output registers the same way.
+    The version's source is the folder itself (weights are not copied into the artifact store); it is linked to
+    the active MLflow run and tagged with stage, engine and steps. Returns ``{"name", "version", "source"}``.
     """
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     run = mlflow.active_run()
-    if run is None:
-        raise RuntimeError("register_checkpoint needs an active MLflow run (wrap it in infra.tracking.stage_run)")
-    mlflow.log_artifacts(ref.uri, artifact_path="model")
-    source = f"runs:/{run.info.run_id}/model"
-    mv = mlflow.register_model(source, name)
-    mlflow.set_tag("registered_model", f"{name}/{mv.version}")
+    client = mlflow.MlflowClient()
+    source = str(Path(ref.uri).resolve())
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description="searchloop RL fine-tuned policies")
+    for v in client.search_model_versions(f"name = '{name}'"):
+        if v.source == source:
+            return {"name": name, "version": str(v.version), "source": source}
+    tags = {"stage": ref.stage, "engine": ref.engine, "steps": str(ref.steps)}
+    mv = client.create_model_version(name, source, run_id=run.info.run_id if run else None, tags=tags)
+    if run is not None:
+        mlflow.set_tag("registered_model", f"{name}/{mv.version}")
     return {"name": name, "version": str(mv.version), "source": source}
 
 
