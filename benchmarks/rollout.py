@@ -3,7 +3,8 @@
 1. the batched engine (``training.rollout.run_rollouts`` over all questions at once);
 2. a sequential per-question loop (one ``run_rollouts`` call per question, how the seeds' eval scripts run);
 3. raw batched generation of the same per-question token counts, without search (the initial prompts, one
-   ``generate`` call, no stop strings).
+   ``generate`` call, no stop strings), and the same one prompt at a time (what batching alone gives on this
+   hardware: the ceiling for the engine's batched/sequential ratio).
 
 Prints trajectories/s of 1 and 2, the ratio (target >= 5x), and the search overhead of 1 against 3 as the extra
 time per generated token (target <= 20%). By default the prompt is primed with ``<search>`` so a 135M model
@@ -129,6 +130,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     raw = gen.generate(prompts, SamplingParams(max_tokens=max(budgets)), max_tokens=budgets)
     t_raw = time.perf_counter() - t
 
+    t = time.perf_counter()
+    raw_seq = [c for p, b in zip(prompts, budgets, strict=True)
+               for c in gen.generate([p], SamplingParams(max_tokens=b), max_tokens=[b])]
+    t_raw_seq = time.perf_counter() - t
+
     tok_b, tok_s, tok_r = _tokens(batched), _tokens(sequential), sum(len(c.token_ids) for c in raw)
     res = {
         "questions": len(questions), "searches_batched": sum(tr.n_searches for tr in batched),
@@ -139,6 +145,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "traj_per_s_batched": len(batched) / t_batched, "traj_per_s_sequential": len(sequential) / t_seq,
         "speedup_vs_sequential": t_seq / t_batched,
         "search_overhead_vs_raw": (t_batched / max(tok_b, 1)) / (t_raw / max(tok_r, 1)) - 1.0,
+        "seconds_raw_sequential": t_raw_seq, "tokens_raw_sequential": sum(len(c.token_ids) for c in raw_seq),
+        "raw_batching_speedup": t_raw_seq / t_raw,
     }
     _print(res, args)
     if args.json:
@@ -155,9 +163,11 @@ def _print(res: dict[str, float], args: argparse.Namespace) -> None:
                         f"tokens/turn, {args.total_tokens} total")
     for col in ("run", "seconds", "generated tokens", "tokens/s", "trajectories/s"):
         table.add_column(col, justify="right")
-    for name, key in (("batched engine", "batched"), ("sequential loop", "sequential"), ("raw generation", "raw")):
+    runs = (("batched engine", "batched"), ("sequential loop", "sequential"), ("raw generation", "raw"),
+            ("raw generation, one prompt at a time", "raw_sequential"))
+    for name, key in runs:
         secs, toks = res[f"seconds_{key}"], res[f"tokens_{key}"]
-        tps = f"{res['questions'] / secs:.3f}" if key != "raw" else "-"
+        tps = f"{res['questions'] / secs:.3f}" if not key.startswith("raw") else "-"
         table.add_row(name, f"{secs:.1f}", str(toks), f"{toks / secs:.1f}", tps)
     console = Console()
     console.print(table)
@@ -166,6 +176,8 @@ def _print(res: dict[str, float], args: argparse.Namespace) -> None:
                   f"{res['seconds_search_in_batched']:.2f} s, engine bookkeeping (parsing, insertion, masks) "
                   f"{res['seconds_engine_other_in_batched']:.2f} s")
     console.print(f"batched vs sequential: [bold]{res['speedup_vs_sequential']:.2f}x[/] (target >= 5x)")
+    console.print(f"the same hardware without search: batched raw generation is {res['raw_batching_speedup']:.2f}x "
+                  "one prompt at a time (the ceiling for the engine's ratio)")
     console.print(f"search overhead vs raw generation (time per token): "
                   f"[bold]{100 * res['search_overhead_vs_raw']:+.1f}%[/] (target <= 20%)")
 

@@ -4,7 +4,8 @@ For each backend (dense = all-MiniLM-L6-v2 + faiss Flat over a slice of the mini
 corpus), over the same index directory:
   (a) in-process: one ``searcher.search(all_queries, k)`` call, queries/s;
   (b) our server (micro-batching on, cache off), a separate uvicorn process on 127.0.0.1: throughput and p50/p99
-      latency at 1, 16 and 64 concurrent clients (httpx async, one query per ``POST /search``);
+      latency at 1, 16 and 64 concurrent clients (httpx async, one query per ``POST /search``; the clients are
+      spread over ``--client-procs`` load-generator processes);
   (c) the baseline server: the same app with batching off (one ``search`` per request in a thread pool, the
       ReSearch/SmartSearch/Search-R1 pattern), same clients.
 Prints a table and the ratios server/in-process and server/baseline at 64 clients (targets >= 0.9 and >= 5).
@@ -85,6 +86,12 @@ def in_process(index_dir: Path, queries: list[str], k: int, workers: int) -> tup
         t0, c0 = time.perf_counter(), time.process_time()
         list(pool.map(lambda part: searcher.search(part, k), parts))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    single = queries[:32]
+    c1 = time.process_time()
+    for q in single:
+        searcher.search([q], k)
+    print(f"  (in-process one query per call: cpu {1000 * (time.process_time() - c1) / len(single):.2f} ms/q; "
+          "the per-request baseline cannot beat this)", flush=True)
     return len(queries) / wall, 1000 * cpu / len(queries)
 
 
@@ -101,13 +108,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def server_process(index_dir: Path, batching: bool, workers: int, torch_threads: int):
+def server_process(index_dir: Path, batching: bool, workers: int, torch_threads: int, max_wait_ms: float):
     """Start ``searchloop serve retriever`` on a free loopback port; yield its URL."""
     from retrieval.client import RetrieverClient
 
     port = _free_port()
     cmd = [sys.executable, "-m", "flows.cli", "serve", "retriever", "--index", str(index_dir), "--port", str(port),
-           "--cache-size", "0", "--max-batch", "256", "--workers", str(workers)]
+           "--cache-size", "0", "--max-batch", "256", "--workers", str(workers),
+           "--max-wait-ms", str(max_wait_ms)]
     if not batching:
         cmd.append("--no-batching")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch_threads),
@@ -123,7 +131,8 @@ def server_process(index_dir: Path, batching: bool, workers: int, torch_threads:
         proc.wait(30)
 
 
-async def _load(url: str, queries: list[str], clients: int, k: int, pid: int) -> dict[str, float]:
+async def _client_run(url: str, queries: list[str], clients: int, k: int, barrier: Any) -> tuple:
+    """One load-generator process: warm up ``clients`` connections, wait at the barrier, send ``queries``."""
     import httpx
 
     latencies: list[float] = []
@@ -137,23 +146,48 @@ async def _load(url: str, queries: list[str], clients: int, k: int, pid: int) ->
             latencies.append(time.perf_counter() - t0)
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
         todo = iter(queries[: 2 * clients])  # warm-up: open the connections
         await asyncio.gather(*(worker(client) for _ in range(clients)))
         latencies.clear()
+        await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
         todo = iter(queries)
-        t0, c0, s0 = time.perf_counter(), time.process_time(), _cpu_seconds(pid)
+        c0 = time.process_time()
         await asyncio.gather(*(worker(client) for _ in range(clients)))
-        wall, client_cpu, server_cpu = time.perf_counter() - t0, time.process_time() - c0, _cpu_seconds(pid) - s0
-    latencies.sort()
-    n = len(latencies)
+        return latencies, time.process_time() - c0, time.monotonic()
+
+
+def _client_proc(url: str, queries: list[str], clients: int, k: int, barrier: Any, out: Any) -> None:
+    out.put(asyncio.run(_client_run(url, queries, clients, k, barrier)))
+
+
+def _load(url: str, queries: list[str], clients: int, k: int, pid: int, procs: int) -> dict[str, float]:
+    """Drive ``clients`` concurrent httpx async clients spread over ``procs`` processes; time the whole run."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = max(1, min(procs, clients))
+    barrier, out = ctx.Barrier(procs + 1), ctx.Queue()
+    shares = [clients // procs + (i < clients % procs) for i in range(procs)]
+    children = [ctx.Process(target=_client_proc, args=(url, queries[i::procs], shares[i], k, barrier, out))
+                for i in range(procs)]
+    for child in children:
+        child.start()
+    barrier.wait()
+    t0, s0 = time.monotonic(), _cpu_seconds(pid)
+    results = [out.get() for _ in children]
+    server_cpu = _cpu_seconds(pid) - s0
+    for child in children:
+        child.join()
+    latencies = sorted(lat for res in results for lat in res[0])
+    n, wall = len(latencies), max(res[2] for res in results) - t0
     return {
         "qps": n / wall,
         "server_cpu_ms": 1000 * server_cpu / n,
-        "client_cpu_ms": 1000 * client_cpu / n,
+        "client_cpu_ms": 1000 * sum(res[1] for res in results) / n,
         "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-        "requests": len(latencies),
+        "p99_ms": 1000 * latencies[min(n - 1, int(0.99 * n))],
+        "requests": n,
     }
 
 
@@ -164,7 +198,9 @@ def _stats(url: str) -> dict[str, Any]:
         return client.health()["stats"]
 
 
-def http_rows(url: str, pid: int, queries: list[str], levels: list[int], k: int, min_requests: int) -> dict[int, dict]:
+def http_rows(
+    url: str, pid: int, queries: list[str], levels: list[int], k: int, min_requests: int, procs: int
+) -> dict[int, dict]:
     """Throughput/latency per concurrency level, each level over fresh unique queries."""
     rows = {}
     offset = 0
@@ -173,7 +209,7 @@ def http_rows(url: str, pid: int, queries: list[str], levels: list[int], k: int,
         chunk = [queries[(offset + i) % len(queries)] for i in range(n)]
         offset += n
         before = _stats(url)
-        rows[c] = r = asyncio.run(_load(url, chunk, c, k, pid))
+        rows[c] = r = _load(url, chunk, c, k, pid, procs)
         after = _stats(url)
         calls = after["searcher_calls"] - before["searcher_calls"]
         r["mean_batch"] = (after["searched_queries"] - before["searched_queries"]) / max(calls, 1)
@@ -191,8 +227,8 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
     out: dict[str, Any] = {"backend": backend, "in_process_qps": inproc, "in_process_cpu_ms": inproc_cpu}
     for name, batching in (("server", True), ("baseline", False)):
         print(f"[{backend}] {name} (batching={batching})", flush=True)
-        with server_process(index_dir, batching, args.workers, args.torch_threads) as (url, pid):
-            out[name] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests)
+        with server_process(index_dir, batching, args.workers, args.torch_threads, args.max_wait_ms) as (url, pid):
+            out[name] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests, args.client_procs)
     top = max(args.clients)
     out["server_vs_in_process"] = out["server"][top]["qps"] / inproc
     out["server_vs_baseline"] = out["server"][top]["qps"] / out["baseline"][top]["qps"]
@@ -229,6 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--inprocess-queries", type=int, default=1024, help="Queries in the in-process batch.")
     p.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built indexes here.")
+    p.add_argument("--client-procs", type=int, default=4, help="Processes the concurrent clients are spread over "
+                   "(one httpx AsyncClient each; one asyncio loop driving 64 connections is itself the bottleneck).")
+    p.add_argument("--max-wait-ms", type=float, default=0.0, help="Server micro-batch extra wait.")
     p.add_argument("--torch-threads", type=int, default=1, help="Intra-op threads, in-process and in the servers.")
     p.add_argument("--workers", type=int, default=1, help="Parallel batches: server micro-batch workers and "
                    "in-process threads (the baseline server always uses its 8-thread pool).")

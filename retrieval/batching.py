@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from infra.errors import ConfigError
 from retrieval.types import Hit
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class MicroBatcher:
         workers: int = 1,
     ) -> None:
         if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+            raise ConfigError(f"workers must be >= 1, got {workers}")
         self._search = search
         self.workers = workers
         self.max_batch_queries = max_batch_queries

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from infra.errors import SearchloopError
+from infra.errors import ConfigError, SearchloopError
 from retrieval.types import Hit
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -85,7 +85,7 @@ class _Base:
         self, base_url: str, timeout: float, retries: int, token: str | None, backoff_s: float, batch_size: int
     ) -> None:
         if retries < 0 or batch_size < 1:
-            raise ValueError(f"retries must be >= 0 and batch_size >= 1, got {retries} and {batch_size}")
+            raise ConfigError(f"retries must be >= 0 and batch_size >= 1, got {retries} and {batch_size}")
         self.base_url = base_url.rstrip("/")
         self.name = f"remote:{self.base_url}"
         self.timeout = timeout

@@ -27,7 +27,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -273,35 +273,11 @@ def _health(searcher: Searcher, config: ServerConfig, service: SearchService) ->
     }
 
 
-def create_app(searcher: Searcher, config: ServerConfig | None = None) -> FastAPI:
-    """Build the FastAPI app serving ``searcher`` (start it with :func:`serve` or :func:`serve_in_thread`)."""
-    config = config or ServerConfig()
-    limits = config.limits
-    service = _make_service(searcher, config)
+RunFn = Callable[[list[str], int | None, str], Awaitable[list[list[Hit]]]]
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await service.runner.start()
-        try:
-            yield
-        finally:
-            await service.runner.close()
 
-    app = FastAPI(
-        title="searchloop retriever",
-        version="1.0",
-        description="One index, every seed's retriever API. Errors are JSON {error, detail}.",
-        lifespan=lifespan,
-    )
-    app.state.service = service
-    _install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
-    api = APIRouter(dependencies=[Depends(_auth_dependency(config))])
-
-    async def run(queries: list[str], k: int | None, k_name: str) -> list[list[Hit]]:
-        k = config.default_k if k is None else k
-        check_request(queries, k, k_name, limits)
-        return await service.search(queries, k)
+def _add_search_routes(api: APIRouter, run: RunFn) -> None:
+    """One route per wire format; ``run(queries, k, k_name)`` validates, then searches through the service."""
 
     @api.post("/search", response_model=list[wire.DocOut] | tuple[list[wire.DocOut], list[float]])
     async def search(req: wire.SearchRequest) -> Response:
@@ -342,6 +318,39 @@ def create_app(searcher: Searcher, config: ServerConfig | None = None) -> FastAP
     async def v1_search(req: wire.V1SearchRequest) -> Response:
         """searchloop's own format: id, title, text and score per hit."""
         return json_response(wire.v1_response(await run(req.queries, req.k, "k")))
+
+
+def create_app(searcher: Searcher, config: ServerConfig | None = None) -> FastAPI:
+    """Build the FastAPI app serving ``searcher`` (start it with :func:`serve` or :func:`serve_in_thread`)."""
+    config = config or ServerConfig()
+    limits = config.limits
+    service = _make_service(searcher, config)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.runner.start()
+        try:
+            yield
+        finally:
+            await service.runner.close()
+
+    app = FastAPI(
+        title="searchloop retriever",
+        version="1.0",
+        description="One index, every seed's retriever API. Errors are JSON {error, detail}.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    _install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
+    api = APIRouter(dependencies=[Depends(_auth_dependency(config))])
+
+    async def run(queries: list[str], k: int | None, k_name: str) -> list[list[Hit]]:
+        k = config.default_k if k is None else k
+        check_request(queries, k, k_name, limits)
+        return await service.search(queries, k)
+
+    _add_search_routes(api, run)
 
     @app.get("/health")
     async def health() -> Response:

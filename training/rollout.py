@@ -42,7 +42,9 @@ class RolloutConfig(StrictModel):
     temperature: float = Field(default=0.0, ge=0.0, description="Sampling temperature; 0 = greedy.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     seed: int | None = Field(default=None, description="Base seed; step i uses seed + i.")
-    best_of: int | None = Field(default=None, ge=1, description="Per-step best-of-n by likelihood (None = protocol).")
+    best_of: int | None = Field(
+        default=None, ge=1, description="Per-step best-of-n by likelihood when sampling (None = protocol default)."
+    )
     top_k: int | None = Field(default=None, ge=1, description="Documents per search (None = protocol default).")
     max_turns: int | None = Field(default=None, ge=1, description="Turn limit (None = protocol default).")
     max_tokens_per_turn: int = Field(default=512, ge=1, description="New tokens per generation step.")
@@ -93,7 +95,8 @@ def _generate_step(
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, s in enumerate(states):
         groups.setdefault(protocol.stop_strings(s), []).append(i)
-    best_of = cfg.best_of or protocol.default_best_of
+    # greedy candidates are identical, so best-of-n only applies when sampling
+    best_of = (cfg.best_of or protocol.default_best_of) if cfg.temperature > 0 else 1
     out: list[Any] = [None] * len(states)
     for stops, idx in groups.items():
         sampling = SamplingParams(

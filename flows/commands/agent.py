@@ -32,7 +32,10 @@ def ask(
     index: Path | None = typer.Option(None, help="Built index directory."),
     corpus: Path | None = typer.Option(None, help="Corpus jsonl (BM25 built in memory)."),
     url: str | None = typer.Option(None, envvar="SEARCHLOOP_RETRIEVER_URL", help="Retriever server URL."),
-    model: str = typer.Option("smollm2", help="Model name, HF folder or GGUF file."),
+    model: str = typer.Option("smollm2", help="Model name, HF folder or GGUF file (or the served model name)."),
+    backend: str = typer.Option("transformers", help="transformers, vllm or openai (an OpenAI-compatible server)."),
+    base_url: str | None = typer.Option(None, help="Server URL for --backend openai, e.g. http://127.0.0.1:8001/v1."),
+    tokenizer: str | None = typer.Option(None, help="Tokenizer (name/HF folder) for --backend openai; default: model."),
     template: str = typer.Option("instruct", help="instruct (chat template) or base (plain text prompt)."),
     top_k: int | None = typer.Option(None, help="Documents per search (protocol default when unset)."),
     max_turns: int | None = typer.Option(None, help="Turn limit (protocol default when unset)."),
@@ -56,7 +59,20 @@ def ask(
     proto = load_protocol(protocol, top_k=top_k, max_turns=max_turns, template=template)
     searcher = _searcher(index, corpus, url)
     with console.status(f"loading {model}"):
-        generator = TransformersGenerator.from_model(model, device=device, threads=threads)
+        if backend == "transformers":
+            generator = TransformersGenerator.from_model(model, device=device, threads=threads)
+        elif backend == "openai":
+            from training.generation_openai import OpenAICompatibleGenerator
+            from training.models import load_tokenizer
+
+            if not base_url:
+                raise ConfigError("--backend openai needs --base-url (e.g. http://127.0.0.1:8001/v1)")
+            tok = load_tokenizer(tokenizer or model)
+            generator = OpenAICompatibleGenerator(base_url, model, tokenizer=tok)
+        else:
+            from training.generation import load_generator
+
+            generator = load_generator(backend, model)
     cfg = RolloutConfig(max_tokens_per_turn=max_tokens_per_turn, max_total_tokens=max_total_tokens,
                         temperature=temperature, best_of=best_of)
     with console.status("running the agent"):

@@ -129,3 +129,16 @@ def test_length_buckets_limit_padding() -> None:
 
     assert length_buckets([10, 100, 12, 110, 11, 400], 16, 1.5) == [[0, 4, 2], [1, 3], [5]]
     assert length_buckets([1, 2, 3, 4, 5], 2, None) == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.slow
+def test_transformers_respects_the_context_limit(smol_generator, monkeypatch) -> None:
+    from training.generation import TransformersGenerator
+
+    monkeypatch.setattr(TransformersGenerator, "context_limit", property(lambda self: 24))
+    long_prompt = "word " * 40
+    short = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    n_short = len(smol_generator.tokenizer(short, add_special_tokens=False)["input_ids"])
+    full, ok = smol_generator.generate([long_prompt, short], SamplingParams(max_tokens=50))
+    assert full.text == "" and full.finish_reason == "length"
+    assert len(ok.token_ids) <= 24 - n_short

@@ -78,10 +78,13 @@ def test_n_samples_and_exsearch_best_of_default(questions, scripted, bm25) -> No
     assert [(t.question_id, t.sample) for t in trajs] == [("q1", 0), ("q1", 1), ("q1", 2), ("q2", 0), ("q2", 1),
                                                           ("q2", 2)]
     gen = scripted("exsearch")
-    trajs = run_rollouts(questions[:1], "exsearch", gen, bm25, RolloutConfig())
-    assert {s.best_of for s in gen.samplings} == {8}
+    trajs = run_rollouts(questions[:1], "exsearch", gen, bm25, RolloutConfig(temperature=0.8, seed=1))
+    assert {s.best_of for s in gen.samplings} == {8}  # the seed's per-step best-of-8 by likelihood
     assert gen.samplings[-1].stop == []  # the final answer turn has no stop string
     assert trajs[0].final_answer == "Tim Burton" and trajs[0].n_searches == 2 and trajs[0].format_ok
+    greedy = scripted("exsearch")
+    run_rollouts(questions[:1], "exsearch", greedy, bm25, RolloutConfig())
+    assert {s.best_of for s in greedy.samplings} == {None}  # identical greedy candidates: no best-of
 
 
 def test_write_and_read_trajectories(tmp_path, questions, scripted, bm25) -> None:

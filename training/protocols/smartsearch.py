@@ -1,5 +1,9 @@
 """SmartSearch protocol (RUC-NLPIR/SmartSearch): the ReSearch instruct template with a ``<think>`` generation prefix,
-results inserted as ``<result>result: \\n{docs}\\n</result>\\n``, at most 5 turns.
+results inserted as ``<result>result: \\n{docs}\\n\\n</result>\\n``, at most 5 turns.
+
+The seed's rollout builds ``ret = f"result: \\n{result}\\n"`` and inserts ``f"<result>{ret}\\n</result>\\n"``,
+so there is a blank line before ``</result>`` (the notes abbreviate it as ``\\n</result>``); an empty result
+gives ``<result>\\n</result>\\n``.
 
 - Prompt: the ReSearch system prompt (the seed's ``re_call_template_sys`` is essentially the same text; it keeps
   exactly three ``<think>`` so the seed's reward finds the response at the fourth) through the chat template, and

@@ -1,0 +1,42 @@
+"""``searchloop run rl --preset research_grpo_cpu_demo [-o a.b=value ...]``: the RL fine-tuning flow."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from flows.commands._run_group import run_app
+
+console = Console()
+
+
+def rl_command(
+    preset: str = typer.Option("research_grpo_cpu_demo", "--preset", "-p", help="Preset name or YAML path."),
+    override: list[str] = typer.Option([], "--override", "-o", help="a.b=value overrides (repeatable)."),
+) -> None:
+    """Prepare data, (bucket by difficulty), train the preset's stage(s) with TRL or verl, evaluate, register."""
+    from infra.settings import apply_embedded_environment
+
+    apply_embedded_environment()
+    from flows.rl_finetune import rl_finetune
+
+    result = rl_finetune(preset=preset, overrides=list(override))
+    table = Table(title=f"RL run {result.run_id} ({result.root})")
+    for col in ("stage", "engine", "steps", "reward", "format fail", "searches/traj", "checkpoint"):
+        table.add_column(col)
+    for c in result.checkpoints:
+        m = c.metrics
+        table.add_row(c.stage, c.engine, str(c.steps), f"{m.get('reward', float('nan')):.3f}",
+                      f"{m.get('search/format_failure_rate', float('nan')):.3f}",
+                      f"{m.get('search/searches_per_traj', float('nan')):.2f}", c.uri)
+    console.print(table)
+    for bench, row in result.scores.items():
+        console.print(f"{bench}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items()))
+    if result.registered:
+        console.print(f"registered {result.registered['name']} v{result.registered['version']}")
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``rl`` to the shared ``run`` group (the group itself is added by ``_run_group``)."""
+    run_app.command("rl")(rl_command)

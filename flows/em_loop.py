@@ -1,0 +1,122 @@
+"""The ExSearch EM loop as Prefect flows: ``em_loop`` = warm-up SFT -> N x ``em_iteration`` (sample -> score ->
+select -> weighted train -> evaluate), with registration/promotion and early stopping.
+
+Composition only: every step is a task in ``tasks.em``; numbers are decided by library functions. Re-running the
+same experiment (same config -> same directory ``<runs>/em/<experiment>-<config key>``) resumes: complete stages are
+skipped (``skipping <step>: already complete at <dir>``), an interrupted one is redone from scratch.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from pydantic import BaseModel, Field
+
+from infra.config import load_config
+from infra.settings import get_settings
+from tasks.em import (
+    RunCtx,
+    align_task,
+    close_run_task,
+    evaluate_task,
+    open_run_task,
+    promote_task,
+    sample_task,
+    score_task,
+    select_task,
+    warmup_data_task,
+    warmup_sft_task,
+)
+from training.em import should_stop
+from training.em_config import EMLoopConfig
+
+log = logging.getLogger(__name__)
+
+
+class IterationResult(BaseModel):
+    """What one EM iteration produced."""
+
+    iteration: int = Field(description="Iteration number (0 = warm-up).")
+    checkpoint: str = Field(description="Checkpoint path.")
+    f1: dict[str, float] = Field(description="Held-out F1 mean/low/high/n.")
+    em: dict[str, float] = Field(description="Held-out EM mean/low/high/n.")
+    version: str = Field(description="Registered model version.")
+    promoted: bool = Field(description="Whether `champion` moved to this version.")
+    selection: dict = Field(default_factory=dict, description="Selection statistics.")
+
+
+def experiment_root(cfg: EMLoopConfig) -> Path:
+    """The experiment's directory (same config -> same directory -> resume)."""
+    return get_settings().runs_dir / "em" / f"{cfg.experiment}-{cfg.key()}"
+
+
+def _timeouts(cfg: EMLoopConfig) -> dict:
+    return {
+        "sample": sample_task.with_options(timeout_seconds=cfg.sampling.timeout_s),
+        "score": score_task.with_options(timeout_seconds=cfg.step_timeout_s),
+        "align": align_task.with_options(timeout_seconds=cfg.alignment.timeout_s + 120),
+        "evaluate": evaluate_task.with_options(timeout_seconds=cfg.evaluation.timeout_s),
+        "warmup_sft": warmup_sft_task.with_options(timeout_seconds=cfg.warmup.timeout_s),
+    }
+
+
+def _result(iteration: int, ckpt: str, ev: dict, promo: dict, selection: dict | None = None) -> IterationResult:
+    return IterationResult(iteration=iteration, checkpoint=ckpt, f1=ev["metrics"]["f1"], em=ev["metrics"]["em"],
+                           version=promo["version"], promoted=promo["promoted"], selection=selection or {})
+
+
+@flow(name="em-iteration")
+def em_iteration(cfg: EMLoopConfig, iteration: int, model_path: str, root: str, parent_run: str) -> IterationResult:
+    """One EM iteration from ``model_path``: sample -> score -> select -> weighted train -> evaluate -> promote."""
+    t = _timeouts(cfg)
+    run_id = open_run_task(root, f"iter_{iteration:02d}", f"iteration-{iteration}", cfg.experiment, parent_run)
+    ctx = RunCtx(root=root, experiment=cfg.experiment, parent_run=run_id)
+    sampled = t["sample"](cfg, model_path, iteration, ctx)
+    scored = t["score"](cfg, model_path, sampled.data["trajectories"], iteration, ctx)
+    selected = select_task(cfg, scored.data["scores"], iteration, ctx)
+    ckpt = t["align"](cfg, selected.data["train"], model_path, iteration, ctx)
+    ev = t["evaluate"](cfg, ckpt.path, iteration, ctx)
+    promo = promote_task(cfg, ckpt.path, iteration, ev.data["metrics"]["f1"], run_id)
+    f1 = ev.data["metrics"]["f1"]
+    close_run_task(run_id, {"heldout_f1": f1["mean"], "heldout_f1_low": f1["low"], "heldout_f1_high": f1["high"],
+                            "n_train": selected.data["n_train"], "promoted": float(promo["promoted"])})
+    return _result(iteration, ckpt.path, ev.data, promo, selected.data["stats"])
+
+
+@flow(name="em-loop")
+def em_loop(preset: str = "exsearch_cpu_demo", overrides: list[str] | None = None) -> list[IterationResult]:
+    """Warm-up SFT, evaluation of the warm-up checkpoint, then up to ``iterations`` EM iterations.
+
+    Args:
+        preset: preset name (``flows/configs/<name>.yaml``) or YAML path.
+        overrides: ``a.b=value`` strings applied on top of the preset.
+    """
+    logger = get_run_logger()
+    cfg = load_config(EMLoopConfig, preset, overrides or [])
+    root = experiment_root(cfg)
+    root.mkdir(parents=True, exist_ok=True)
+    logger.info("experiment dir: %s", root)
+    t = _timeouts(cfg)
+    parent = open_run_task(str(root), "parent", cfg.experiment, cfg.experiment)
+    warm = open_run_task(str(root), "iter_00", "iteration-0-warmup", cfg.experiment, parent)
+    ctx = RunCtx(root=str(root), experiment=cfg.experiment, parent_run=warm)
+    from training.models import resolve_model
+
+    base = str(resolve_model(cfg.base_model))
+    data = warmup_data_task(cfg, ctx)
+    ckpt = t["warmup_sft"](cfg, data.data["data"], base, ctx)
+    ev = t["evaluate"](cfg, ckpt.path, 0, ctx)
+    history = [_result(0, ckpt.path, ev.data, promote_task(cfg, ckpt.path, 0, ev.data["metrics"]["f1"], warm))]
+    close_run_task(warm, {"heldout_f1": history[0].f1["mean"]})
+    for i in range(1, cfg.iterations + 1):
+        res = em_iteration(cfg, i, history[-1].checkpoint, str(root), parent)
+        history.append(res)
+        logger.info("iteration %d: held-out F1 %.4f [%.4f, %.4f] (promoted=%s)", i, res.f1["mean"], res.f1["low"],
+                    res.f1["high"], res.promoted)
+        if should_stop([h.f1["mean"] for h in history], cfg.early_stop_drops):
+            logger.info("early stop: held-out F1 fell %d iterations in a row", cfg.early_stop_drops)
+            break
+    close_run_task(parent, {"best_heldout_f1": max(h.f1["mean"] for h in history), "iterations": len(history) - 1})
+    return history

@@ -1,0 +1,57 @@
+"""RL fine-tuning flow: prepare data -> (difficulty bucketing) -> train stage(s) -> evaluate -> register.
+
+Composition only (tasks in ``tasks.rl``). The engine comes from the preset (``trl`` on one machine, ``verl`` on GPU
+workers); R1-Searcher's two stages are two chained ``rl-train-stage`` task runs, the second starting from the
+first's checkpoint. Re-running the same preset + overrides reuses the experiment directory: prepared data comes from
+the task cache, finished stages from their manifests, and an interrupted stage resumes from its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+from pydantic import BaseModel, Field
+
+from infra import artifacts
+from infra.config import load_config
+from tasks.rl import (
+    bucket_data_task,
+    evaluate_task,
+    open_run_task,
+    prepare_data_task,
+    register_task,
+    train_stage_task,
+)
+from training.rl import CheckpointRef, experiment_root
+from training.rl_config import RLConfig
+
+
+class RLResult(BaseModel):
+    """What the flow produced."""
+
+    run_id: str = Field(description="Parent MLflow run id.")
+    root: str = Field(description="Experiment directory.")
+    checkpoints: list[CheckpointRef] = Field(description="One per stage, in order.")
+    scores: dict[str, dict[str, float]] = Field(default_factory=dict, description="{benchmark: {metric: mean}}.")
+    registered: dict[str, str] = Field(default_factory=dict, description="Registered model name/version/source.")
+
+
+@flow(name="rl-finetune")
+def rl_finetune(preset: str, overrides: list[str] | None = None) -> RLResult:
+    """Run the RL fine-tuning pipeline of ``preset`` (name or YAML path) with ``a.b=value`` overrides."""
+    logger = get_run_logger()
+    cfg = load_config(RLConfig, preset, overrides or [])
+    root = experiment_root(cfg)
+    run_id = open_run_task(cfg)
+    logger.info("rl_finetune %s (engine %s) in %s, MLflow run %s", cfg.name, cfg.engine, root, run_id)
+    data = prepare_data_task(cfg, artifacts.join(root, "data"))
+    if cfg.difficulty is not None:
+        data = bucket_data_task(cfg, data, cfg.model, artifacts.join(root, "data_bucketed"), run_id)
+    model, ckpts = cfg.model, []
+    for i, stage in enumerate(cfg.stages):
+        ckpt = train_stage_task(cfg, i, data, model, artifacts.join(root, stage.name), run_id)
+        logger.info("stage %s: %d steps -> %s", stage.name, ckpt.steps, ckpt.uri)
+        ckpts.append(ckpt)
+        model = ckpt.uri
+    scores = evaluate_task(cfg, ckpts[-1], artifacts.join(root, "eval"), run_id) if cfg.eval.benchmarks else {}
+    registered = register_task(cfg, ckpts[-1], run_id) if cfg.register_model else {}
+    return RLResult(run_id=run_id, root=root, checkpoints=ckpts, scores=scores, registered=registered)

@@ -1,0 +1,67 @@
+"""Prefect tasks of the RL fine-tuning flow: one library stage each (``training.rl``), inside a nested MLflow run.
+
+Policy lives in the decorators: data preparation is cached by inputs; model steps are tagged ``gpu`` and retried
+once (a retry resumes from the stage's newest checkpoint, and a finished stage is returned from its manifest).
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import INPUTS
+
+from training import rl
+from training.health import TrainingHealthError
+from training.rl_config import RLConfig
+from training.rl_data import RLDataRef
+
+
+def _retry_unless_unhealthy(task, task_run, state) -> bool:  # noqa: ANN001
+    """Retry crashes (the retry resumes from the newest checkpoint), never a health-check stop."""
+    return not isinstance(state.result(raise_on_failure=False), TrainingHealthError)
+
+
+@task(name="rl-open-run", retries=2, retry_delay_seconds=2, timeout_seconds=300)
+def open_run_task(cfg: RLConfig) -> str:
+    """Create the flow's parent MLflow run; returns its id."""
+    return rl.open_parent_run(cfg)
+
+
+@task(name="rl-prepare-data", retries=1, timeout_seconds=1800, cache_policy=INPUTS, persist_result=True)
+def prepare_data_task(cfg: RLConfig, out_uri: str) -> RLDataRef:
+    """verl/TRL parquet files from the preset's question sets."""
+    return rl.prepare_data(cfg, out_uri)
+
+
+@task(name="rl-difficulty", tags=["gpu"], retries=1, timeout_seconds=4 * 3600)
+def bucket_data_task(cfg: RLConfig, data: RLDataRef, model: str, out_uri: str, parent_run: str) -> RLDataRef:
+    """Rollouts-to-first-correct per question, buckets, ratio mix."""
+    with rl.child_run(parent_run, "difficulty"):
+        return rl.bucket_data(cfg, data, model, out_uri)
+
+
+@task(name="rl-train-stage", tags=["gpu"], retries=1, retry_delay_seconds=5, timeout_seconds=48 * 3600,
+      retry_condition_fn=_retry_unless_unhealthy)
+def train_stage_task(cfg: RLConfig, stage_index: int, data: RLDataRef, init_model: str, out_uri: str,
+                     parent_run: str) -> rl.CheckpointRef:
+    """Train one stage (engine from the preset); logs health metrics, the health plot and the stage files."""
+    stage = cfg.stages[stage_index]
+    with rl.child_run(parent_run, f"train-{stage.name}", {"stage": stage.model_dump(mode="json")}):
+        ref = rl.train_rl_stage(cfg, stage, data, init_model, out_uri)
+        rl.log_stage(ref)
+        return ref
+
+
+@task(name="rl-evaluate", tags=["gpu"], retries=1, timeout_seconds=6 * 3600)
+def evaluate_task(cfg: RLConfig, ckpt: rl.CheckpointRef, out_uri: str, parent_run: str) -> dict:
+    """Evaluate the trained policy on the preset's benchmarks; metrics go to the run."""
+    with rl.child_run(parent_run, "evaluate"):
+        scores = rl.evaluate_rl_checkpoint(cfg, ckpt.uri, out_uri)
+        rl.log_scores(scores)
+        return scores
+
+
+@task(name="rl-register", retries=2, retry_delay_seconds=5, timeout_seconds=1800)
+def register_task(cfg: RLConfig, ckpt: rl.CheckpointRef, parent_run: str) -> dict:
+    """Register the final policy as an MLflow model version."""
+    with rl.child_run(parent_run, "register"):
+        return rl.register_checkpoint(ckpt, f"searchloop-{cfg.name}")

@@ -1,0 +1,243 @@
+"""Training-health monitors: per-step reward, format failures, searches, length, entropy/KL; stop on NaN or collapse.
+
+:class:`HealthMonitor` is pure logic over a stream of metric dicts (one per logging step) so it is testable with
+synthetic streams. :func:`health_callback` wraps it in a transformers ``TrainerCallback`` that logs the monitored
+metrics to MLflow each step, stops training with a clear message when a check fails, and blocks any checkpoint save
+after the failure so the last *good* checkpoint is the newest one on disk.
+
+Metric names are read from TRL's GRPO logs (``reward``, ``entropy``, ``kl``, ``completions/mean_length``) and the
+search trainer's additions (``search/format_failure_rate``, ``search/searches_per_traj``); verl's names map through
+``ALIASES``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from infra.config import StrictModel
+from infra.errors import SearchloopError
+
+log = logging.getLogger(__name__)
+
+# our name -> accepted source names (TRL first, then verl)
+ALIASES: dict[str, tuple[str, ...]] = {
+    "reward": ("reward", "critic/score/mean", "critic/rewards/mean"),
+    "format_failure_rate": ("search/format_failure_rate",),
+    "searches_per_traj": ("search/searches_per_traj",),
+    "response_length": ("completions/mean_length", "response_length/mean"),
+    "entropy": ("entropy", "actor/entropy"),
+    "kl": ("kl", "actor/kl_loss"),
+    "loss": ("loss", "actor/pg_loss"),
+    "grad_norm": ("grad_norm", "actor/grad_norm"),
+}
+
+
+class TrainingHealthError(SearchloopError):
+    """Training was stopped by a health check; the message names the metric, the step and the kept checkpoint."""
+
+
+class HealthConfig(StrictModel):
+    """Thresholds of the health checks (None disables a check)."""
+
+    window: int = Field(default=5, ge=1, description="Consecutive steps a collapse condition must hold.")
+    min_reward_std: float | None = Field(
+        default=None, ge=0, description="Collapse if the reward's std over the window is below this (None: off).")
+    max_format_failure_rate: float | None = Field(
+        default=0.98, ge=0, le=1, description="Collapse if format failures stay above this for the window.")
+    min_response_length: float | None = Field(
+        default=2.0, ge=0, description="Collapse if mean response length (tokens) stays below this.")
+    min_entropy: float | None = Field(default=0.01, ge=0, description="Collapse if entropy stays below this.")
+    max_kl: float | None = Field(default=10.0, gt=0, description="Stop if KL exceeds this on any step.")
+    stop_on_nan: bool = Field(default=True, description="Stop on a NaN/inf loss, reward, KL or grad norm.")
+    warmup_steps: int = Field(default=0, ge=0, description="Steps ignored by the collapse checks.")
+
+
+class HealthVerdict(StrictModel):
+    """Result of one health check step."""
+
+    ok: bool = Field(description="False when training must stop.")
+    step: int = Field(description="Training step of the check.")
+    reason: str = Field(default="", description="Why training must stop (empty when ok).")
+
+
+def pick(metrics: Mapping[str, Any], name: str) -> float | None:
+    """Our metric ``name`` from a raw log dict (first alias present), as float; None when absent/non-numeric."""
+    for key in ALIASES.get(name, (name,)):
+        if key in metrics:
+            try:
+                return float(metrics[key])
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+class HealthMonitor:
+    """Stateful checker: feed one metric dict per logging step to :meth:`update`."""
+
+    def __init__(self, cfg: HealthConfig) -> None:
+        self.cfg = cfg
+        self.history: dict[str, deque[float]] = {k: deque(maxlen=cfg.window) for k in ALIASES}
+        self.steps_seen = 0
+        self.failed: HealthVerdict | None = None
+
+    def snapshot(self, metrics: Mapping[str, Any]) -> dict[str, float]:
+        """The monitored metrics present in a raw log dict, under our names (prefixed ``health/``)."""
+        out = {}
+        for name in ALIASES:
+            value = pick(metrics, name)
+            if value is not None:
+                out[f"health/{name}"] = value
+        return out
+
+    def update(self, step: int, metrics: Mapping[str, Any]) -> HealthVerdict:
+        """Record a step's metrics and return the verdict (the first failure sticks)."""
+        if self.failed is not None:
+            return self.failed
+        values = {name: pick(metrics, name) for name in ALIASES}
+        if not any(v is not None for v in values.values()):
+            return HealthVerdict(ok=True, step=step)
+        self.steps_seen += 1
+        reason = self._nan_reason(values) or self._kl_reason(values)
+        for name, value in values.items():
+            if value is not None and math.isfinite(value):
+                self.history[name].append(value)
+        if not reason and self.steps_seen > self.cfg.warmup_steps:
+            reason = self._collapse_reason()
+        verdict = HealthVerdict(ok=not reason, step=step, reason=reason)
+        if not verdict.ok:
+            self.failed = verdict
+        return verdict
+
+    def _nan_reason(self, values: Mapping[str, float | None]) -> str:
+        if not self.cfg.stop_on_nan:
+            return ""
+        for name in ("loss", "reward", "kl", "grad_norm", "entropy"):
+            v = values.get(name)
+            if v is not None and not math.isfinite(v):
+                return f"{name} is {v} (NaN/inf): the update diverged; lower the learning rate or check rewards"
+        return ""
+
+    def _kl_reason(self, values: Mapping[str, float | None]) -> str:
+        kl = values.get("kl")
+        if self.cfg.max_kl is not None and kl is not None and math.isfinite(kl) and kl > self.cfg.max_kl:
+            return f"kl={kl:.4g} exceeds max_kl={self.cfg.max_kl}: the policy ran away from the reference"
+        return ""
+
+    def _full(self, name: str) -> deque[float] | None:
+        h = self.history[name]
+        return h if len(h) >= self.cfg.window else None
+
+    def _collapse_reason(self) -> str:
+        c, w = self.cfg, self.cfg.window
+        h = self._full("reward")
+        if c.min_reward_std is not None and h is not None:
+            mean = sum(h) / len(h)
+            std = math.sqrt(sum((x - mean) ** 2 for x in h) / len(h))
+            if std < c.min_reward_std:
+                return f"reward collapsed: std {std:.3g} < {c.min_reward_std} over {w} steps (mean {mean:.3g})"
+        checks = (("format_failure_rate", c.max_format_failure_rate, "above"),
+                  ("response_length", c.min_response_length, "below"), ("entropy", c.min_entropy, "below"))
+        for name, limit, side in checks:
+            h = self._full(name)
+            if limit is None or h is None:
+                continue
+            bad = all(x > limit for x in h) if side == "above" else all(x < limit for x in h)
+            if bad:
+                return f"{name} stayed {side} {limit} for {w} steps (last {h[-1]:.3g}): the policy collapsed"
+        return ""
+
+
+def health_callback(cfg: HealthConfig, log_to_mlflow: bool = True) -> Any:
+    """A transformers ``TrainerCallback`` running :class:`HealthMonitor` on every log.
+
+    It logs ``health/*`` metrics to the active MLflow run (``log_to_mlflow``), sets ``should_training_stop`` and
+    clears ``should_save`` on failure, and records ``last_good_checkpoint`` (the newest checkpoint saved before
+    it). After ``trainer.train()`` call :func:`raise_if_unhealthy`.
+    """
+    from transformers import TrainerCallback
+
+    class HealthCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.monitor = HealthMonitor(cfg)
+            self.last_good_checkpoint: str | None = None
+            self.series: list[dict[str, float]] = []
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
+                   **kwargs: Any) -> None:
+            if not logs:
+                return
+            verdict = self.monitor.update(state.global_step, logs)
+            snap = self.monitor.snapshot(logs)
+            if snap:
+                self.series.append({"step": float(state.global_step), **snap})
+            if log_to_mlflow:
+                raw = {f"train/{k}": v for k, v in logs.items() if isinstance(v, (int, float))}
+                _log_mlflow({**raw, **snap}, state.global_step)
+            if not verdict.ok:
+                log.error("health check failed at step %s: %s", verdict.step, verdict.reason)
+                control.should_training_stop = True
+                control.should_save = False
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.monitor.failed is None:
+                self.last_good_checkpoint = f"{args.output_dir}/checkpoint-{state.global_step}"
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.monitor.failed is not None:
+                control.should_save = False
+                control.should_training_stop = True
+
+    return HealthCallback()
+
+
+def _log_mlflow(metrics: Mapping[str, float], step: int) -> None:
+    from infra import tracking
+
+    try:
+        import mlflow
+
+        if mlflow.active_run() is None:
+            return
+    except ImportError:
+        return
+    tracking.log_metrics(metrics, step=step)
+
+
+def raise_if_unhealthy(callback: Any) -> None:
+    """Raise TrainingHealthError if the health callback stopped training."""
+    failed = callback.monitor.failed
+    if failed is None:
+        return
+    kept = callback.last_good_checkpoint or "none (no checkpoint was saved before the failure)"
+    raise TrainingHealthError(
+        f"training stopped at step {failed.step}: {failed.reason}. Last good checkpoint: {kept}. "
+        "Resume from it with adjusted settings (e.g. lower learning_rate) or relax the thresholds in `health:`.")
+
+
+def plot_health(series: list[Mapping[str, float]], path: str) -> str:
+    """Plot reward, format-failure rate and searches per trajectory (and length) over steps; returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("reward", "reward"), ("format_failure_rate", "format-failure rate"),
+              ("searches_per_traj", "searches / trajectory"), ("response_length", "response length (tokens)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
+    for ax, (name, title) in zip(axes, panels, strict=True):
+        pts = [(row["step"], row[f"health/{name}"]) for row in series if f"health/{name}" in row]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
