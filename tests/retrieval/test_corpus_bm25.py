@@ -18,7 +18,8 @@ def _write(tmp_path, rows: list[str]):
 
 
 def test_reads_both_formats(tmp_path) -> None:
-    p = _write(tmp_path, ['{"id": "a", "contents": "\\"T1\\"\\nhello world"}', '{"id": 2, "title": "T2", "text": "x y"}'])
+    rows = ['{"id": "a", "contents": "\\"T1\\"\\nhello world"}', '{"id": 2, "title": "T2", "text": "x y"}']
+    p = _write(tmp_path, rows)
     ps = read_corpus(p)
     assert [(x.id, x.title, x.text) for x in ps] == [("a", "T1", "hello world"), ("2", "T2", "x y")]
     assert ps[0].contents == '"T1"\nhello world'
