@@ -54,7 +54,10 @@ class IndexBuildConfig(StrictModel):
         default=None, ge=10, description="Split documents longer than this many words (~100 = DPR/KILT); None = keep."
     )
     limit: int | None = Field(default=None, ge=1, description="Index only the first N passages (quick runs).")
-    shard_size: int = Field(default=4096, ge=1, description="Passages per embedding shard (dense).")
+    shard_size: int = Field(
+        default=4096, ge=1, description="Passages per embedding shard (dense); keep >= 512: the encoder sorts by "
+        "length within a shard, and 128-passage shards measured 0.8x its throughput (benchmarks/index_build.py)."
+    )
     encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="Dense encoder.")
     faiss: DenseIndexConfig = Field(default_factory=DenseIndexConfig, description="faiss index type and params.")
     colbert: ColbertConfig = Field(default_factory=ColbertConfig, description="Late-interaction engine and params.")
