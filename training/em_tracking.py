@@ -56,10 +56,13 @@ def ensure_run(root: str | Path, key: str, name: str, experiment: str, parent: s
 
 
 def stage_run(root: str | Path, key: str, name: str, experiment: str, parent: str) -> str:
-    """A nested run for one executed stage (a new one when a stage is redone after a crash)."""
+    """A nested run for one executed stage; when the stage is redone after a crash, the earlier attempt's run
+    (left RUNNING by a kill -9) is marked KILLED and a new run is created."""
     with _LOCK:
         runs = _runs(root)
-        runs.pop(key, None)
+        stale = runs.pop(key, None)
+        if stale is not None and _client().get_run(stale).info.status == "RUNNING":
+            _client().set_terminated(stale, status="KILLED")
         artifacts.write_json(_runs_file(root), runs)
     return ensure_run(root, key, name, experiment, parent)
 

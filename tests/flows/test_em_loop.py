@@ -86,7 +86,7 @@ MICRO = [
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # real LLaMA-Factory runs; minutes on a busy 2-core machine
-def test_em_loop_micro_run_and_resume(prefect_harness, caplog) -> None:
+def test_em_loop_micro_run_and_resume(prefect_harness) -> None:
     import mlflow
     from mlflow import MlflowClient
 
@@ -117,12 +117,24 @@ def test_em_loop_micro_run_and_resume(prefect_harness, caplog) -> None:
     assert client.get_model_version_by_alias("em-micro-test", "champion").version in {v.version for v in versions}
     assert mlflow.get_tracking_uri().startswith("sqlite")
 
-    # resume: the same experiment again does no work; every stage logs that it is complete
-    with caplog.at_level(logging.INFO, logger="training"):
+    # resume: the same experiment again does no work; every stage logs that it is complete. (A handler on the
+    # library logger itself: Prefect's logging setup replaces the root handlers, which caplog relies on.)
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    lib = logging.getLogger("training")
+    old_level = lib.level
+    lib.addHandler(handler)
+    lib.setLevel(logging.INFO)
+    try:
         again = em_loop(preset="exsearch_cpu_demo", overrides=MICRO)
+    finally:
+        lib.removeHandler(handler)
+        lib.setLevel(old_level)
     assert [h.f1 for h in again] == [h.f1 for h in history]
+    text = "\n".join(lines)
     for step in ("sample", "score", "evaluate", "train_sft"):
-        assert f"skipping {step}: already complete" in caplog.text
+        assert f"skipping {step}: already complete" in text
     assert len(client.search_model_versions("name='em-micro-test'")) == 2
 
 
