@@ -87,7 +87,7 @@ def _last_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
 
 def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model: str, out_uri: str) -> CheckpointRef:
     """TRL GRPO with search in the loop for one stage (see ``training.trl_search``)."""
-    from training.health import health_callback, plot_health, raise_if_unhealthy
+    from training.health import health_callback, raise_if_unhealthy
     from training.models import load_tokenizer
     from training.protocols.base import load_protocol
     from training.records import write_trajectories
@@ -112,24 +112,56 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
     health = health_callback(cfg.health)
     reward = trl_reward_func(stage.reward, eos_token_id=tok.eos_token_id)
     ckpt_dir = str(out / "checkpoints")
-    trainer = build_trainer(tcfg, model_path, rows, [reward], rollout, ckpt_dir, callbacks=[health])
     resume = last_checkpoint(ckpt_dir)
-    if resume:
-        log.info("resuming stage %s from %s", stage.name, resume)
-    trainer.train(resume_from_checkpoint=resume)
-    artifacts.write_json(str(out / "health.json"), health.series)
-    if health.series:
-        plot_health(health.series, str(out / "health.png"))
-    if sink:
-        write_trajectories(sink, str(out / "rollouts"), stage=stage.name, engine="trl")
-    raise_if_unhealthy(health)
-    trainer.save_model(str(out / "model"))
-    tok.save_pretrained(str(out / "model"))
-    ref = CheckpointRef(uri=str(out / "model"), stage_dir=str(out), stage=stage.name, engine="trl",
-                        steps=int(trainer.state.global_step), metrics=_last_metrics(trainer.state.log_history))
+    state = _trainer_state(resume)
+    if resume and state.get("global_step", 0) >= tcfg.max_steps:  # crashed after the last save: just finish
+        log.info("stage %s already reached %s steps in %s", stage.name, tcfg.max_steps, resume)
+        _save_policy(resume, str(out / "model"), tok)
+        steps, history = int(state["global_step"]), state.get("log_history", [])
+    else:
+        if resume:
+            log.info("resuming stage %s from %s", stage.name, resume)
+        trainer = build_trainer(tcfg, model_path, rows, [reward], rollout, ckpt_dir, callbacks=[health])
+        trainer.train(resume_from_checkpoint=resume)
+        _write_health(out, health.series)
+        if sink:
+            write_trajectories(sink, str(out / "rollouts"), stage=stage.name, engine="trl")
+        raise_if_unhealthy(health)
+        trainer.save_model(str(out / "model"))
+        tok.save_pretrained(str(out / "model"))
+        steps, history = int(trainer.state.global_step), trainer.state.log_history
+    ref = CheckpointRef(uri=str(out / "model"), stage_dir=str(out), stage=stage.name, engine="trl", steps=steps,
+                        metrics=_last_metrics(history))
     artifacts.write_manifest(str(out), kind="rl_stage", checkpoint=ref.model_dump(), init_model=init_model,
                              resumed_from=resume, config_hash=config_hash(cfg), reward=stage.reward)
     return ref
+
+
+def _trainer_state(checkpoint: str | None) -> dict[str, Any]:
+    if not checkpoint:
+        return {}
+    return artifacts.read_json(str(Path(checkpoint) / "trainer_state.json"))
+
+
+def _save_policy(checkpoint: str, target: str, tokenizer: Any) -> None:
+    """Save a trainer checkpoint's weights as the stage's final HF folder."""
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(checkpoint).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+def _write_health(out: Path, series: list[dict[str, float]]) -> None:
+    """Append this run's health series to the stage's ``health.json`` (a resumed run continues it) and plot it."""
+    from training.health import plot_health
+
+    path = out / "health.json"
+    old = artifacts.read_json(str(path)) if path.exists() else []
+    first = series[0]["step"] if series else float("inf")
+    merged = [row for row in old if row["step"] < first] + list(series)
+    artifacts.write_json(str(path), merged)
+    if merged:
+        plot_health(merged, str(out / "health.png"))
 
 
 def register_checkpoint(ref: CheckpointRef, name: str) -> dict[str, str]:

@@ -85,3 +85,21 @@ def test_rl_flow_runs_registers_and_resumes(prefect_harness) -> None:
     again = rl_finetune(preset="research_grpo_cpu_demo", overrides=TINY)
     manifest = yaml.safe_load((stage / "manifest.json").read_text())
     assert manifest["resumed_from"].endswith("checkpoint-1") and again.checkpoints[0].steps == 1
+
+
+def test_bucket_data_mixes_by_rollouts_to_first_correct(tmp_path, monkeypatch) -> None:
+    """The difficulty step's plumbing (rollouts replaced by fixed correctness flags): buckets, mix, new data dir."""
+    from training import rl
+    from training.rl_data import read_parquet
+
+    cfg = load_config(RLConfig, "r1searcher_two_stage_cpu_demo", ["data.train_limit=8"])
+    data = rl.prepare_data(cfg, str(tmp_path / "data"))
+    ids = [r["extra_info"]["id"] for r in read_parquet(data.split_uri("train"))]
+    flags = {qid: [[True], [False, True], [False, False]][i % 3] for i, qid in enumerate(ids)}
+    monkeypatch.setattr(rl, "estimate_difficulty", lambda cfg, questions, model: flags)
+    mixed = rl.bucket_data(cfg, data, "smollm2", str(tmp_path / "bucketed"))
+    buckets = yaml.safe_load((tmp_path / "bucketed" / "buckets.json").read_text())
+    assert {k: len(v) for k, v in buckets.items()} == {"easy": 3, "medium": 3, "difficult": 2}
+    train = {r["extra_info"]["id"] for r in read_parquet(mixed.split_uri("train"))}
+    assert mixed.splits["train"] == len(train) == 5 and not train & set(buckets["easy"])
+    assert rl.bucket_data(cfg, data, "smollm2", str(tmp_path / "bucketed")) == mixed, "manifest -> reused"
