@@ -31,7 +31,7 @@ def demo_command(
     console.print(table)
     if result.eval_table:
         console.print("[bold]Search agent (SmolLM2-135M) on the minis[/]")
-        console.print(result.eval_table)
+        console.print(result.eval_table, soft_wrap=True)
         console.print(f"agent evaluation MLflow run: [bold]{result.eval_run}[/]")
     uri = get_settings().tracking_uri
     console.print(f"MLflow store: {uri}  (browse: mlflow ui --backend-store-uri {uri})")

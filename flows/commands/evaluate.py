@@ -20,7 +20,7 @@ def eval_command(
     cfg = load_config(EvaluateConfig, preset, overrides or [])
     apply_embedded_environment()
     result = evaluate(cfg)
-    console.print(result.markdown)
+    console.print(result.markdown, soft_wrap=True)
     console.print(f"report: [bold]{result.report_dir}/report.md[/]  MLflow run: [bold]{result.run_id}[/]")
 
 
