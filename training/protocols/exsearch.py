@@ -292,14 +292,7 @@ class ExSearchProtocol(SearchProtocol):
         """The cleaned last assistant message."""
         return state.extra.get("answer")
 
-    def extract_query(self, text: str) -> str | None:
-        """See :func:`extract_query`."""
-        return extract_query(text)
-
-    def extract_answer(self, response: str) -> str | None:
-        """See :func:`extract_answer`."""
-        return extract_answer(response)
-
-    def validate(self, response: str) -> FormatCheck:
-        """See :func:`validate`."""
-        return validate(response)
+    # The module's pure functions are the protocol's parsers and validator (importable without an instance).
+    extract_query = staticmethod(extract_query)
+    extract_answer = staticmethod(extract_answer)
+    validate = staticmethod(validate)

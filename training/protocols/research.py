@@ -145,14 +145,7 @@ class ReSearchProtocol(SearchProtocol):
         state.n_searches += 1
         self._insert(state, self.result_text(query, hits), query, hits)
 
-    def extract_query(self, text: str) -> str | None:
-        """See :func:`extract_query`."""
-        return extract_query(text)
-
-    def extract_answer(self, response: str) -> str | None:
-        """See :func:`extract_answer`."""
-        return extract_answer(response)
-
-    def validate(self, response: str) -> FormatCheck:
-        """See :func:`validate`."""
-        return validate(response)
+    # The module's pure functions are the protocol's parsers and validator (importable without an instance).
+    extract_query = staticmethod(extract_query)
+    extract_answer = staticmethod(extract_answer)
+    validate = staticmethod(validate)
