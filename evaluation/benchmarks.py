@@ -138,13 +138,18 @@ def parse_row(row: object, where: str, default_dataset: str, index: int) -> Ques
     )
 
 
-def _rows(path: Path) -> list[tuple[str, object]]:
+def read_rows(path: Path) -> list[tuple[str, object]]:
+    """Read a JSON list (``.json`` or text starting with ``[``) or JSON Lines as ``(file:line, row)`` pairs.
+
+    Raises:
+        DataError: naming the file and line of invalid JSON, or a non-list JSON document.
+    """
     data = path.read_bytes()
-    if path.suffix == ".json":
+    if path.suffix == ".json" or data.lstrip().startswith(b"["):
         try:
             rows = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
-            raise DataError(f"{path}: invalid JSON ({exc}); expected a list of objects") from exc
+            raise DataError(f"{path}: invalid JSON ({exc}); expected a list of objects or JSON Lines") from exc
         if not isinstance(rows, list):
             raise DataError(f"{path}: expected a JSON list of objects, got {type(rows).__name__}")
         return [(f"{path}:item {i}", r) for i, r in enumerate(rows)]
@@ -183,7 +188,7 @@ def load_benchmark(
     default = dataset or dataset_from_path(path)
     questions: list[Question] = []
     seen: dict[str, str] = {}
-    for index, (where, row) in enumerate(_rows(path)):
+    for index, (where, row) in enumerate(read_rows(path)):
         q = parse_row(row, where, default, index)
         if q.id in seen:
             raise DataError(f"{where}: duplicate id {q.id!r} (first at {seen[q.id]}); ids must be unique")

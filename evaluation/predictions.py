@@ -11,10 +11,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from evaluation.benchmarks import dataset_from_path, load_benchmark
+from evaluation.benchmarks import dataset_from_path, load_benchmark, read_rows
 from evaluation.judge import JudgeConfig, JudgeItem, judge_answers, verdict_from_value
 from evaluation.metrics import Normalization, ScoreTable, aggregate, answer_metrics
 from infra.config import StrictModel
@@ -75,23 +74,7 @@ def get_field(row: Any, path: str) -> Any:
 def _read_rows(path: Path) -> list[tuple[str, Any]]:
     if not path.is_file():
         raise DataError(f"predictions file {path} does not exist")
-    data = path.read_bytes()
-    stripped = data.lstrip()
-    if path.suffix == ".json" or stripped.startswith(b"["):
-        try:
-            rows = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise DataError(f"{path}: invalid JSON ({exc}); expected a list of objects or JSON Lines") from exc
-        if not isinstance(rows, list):
-            raise DataError(f"{path}: expected a JSON list of objects, got {type(rows).__name__}")
-        return [(f"{path}:item {i}", r) for i, r in enumerate(rows)]
-    out = []
-    for lineno, line in enumerate(data.splitlines(), start=1):
-        if line.strip():
-            try:
-                out.append((f"{path}:{lineno}", orjson.loads(line)))
-            except orjson.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({exc})") from exc
+    out = read_rows(path)
     if not out:
         raise DataError(f"{path} holds no predictions")
     return out
