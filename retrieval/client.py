@@ -81,8 +81,16 @@ def _give_up(url: str, attempts: int, exc: BaseException) -> RetrieverError:
 
 
 class _Base:
+    _http_cls: Any = httpx.Client  # the async twin uses httpx.AsyncClient
+
     def __init__(
-        self, base_url: str, timeout: float, retries: int, token: str | None, backoff_s: float, batch_size: int
+        self,
+        base_url: str = DEFAULT_URL,
+        timeout: float = 30.0,
+        retries: int = 5,
+        token: str | None = None,
+        backoff_s: float = 0.25,
+        batch_size: int = 256,
     ) -> None:
         if retries < 0 or batch_size < 1:
             raise ConfigError(f"retries must be >= 0 and batch_size >= 1, got {retries} and {batch_size}")
@@ -93,6 +101,7 @@ class _Base:
         self.backoff_s = backoff_s
         self.batch_size = batch_size
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = self._http_cls(base_url=self.base_url, timeout=timeout, headers=self._headers)
 
     def _policy(self) -> dict[str, Any]:
         b = self.backoff_s
@@ -116,17 +125,7 @@ class RetrieverClient(_Base):
         batch_size: most queries per request (keep <= the server's ``limits.max_queries_per_request``).
     """
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_URL,
-        timeout: float = 30.0,
-        retries: int = 5,
-        token: str | None = None,
-        backoff_s: float = 0.25,
-        batch_size: int = 256,
-    ) -> None:
-        super().__init__(base_url, timeout, retries, token, backoff_s, batch_size)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=self._headers)
+    _http_cls = httpx.Client
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -179,17 +178,7 @@ class RetrieverClient(_Base):
 class AsyncRetrieverClient(_Base):
     """asyncio twin of :class:`RetrieverClient` (same arguments); use inside async rollout loops."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_URL,
-        timeout: float = 30.0,
-        retries: int = 5,
-        token: str | None = None,
-        backoff_s: float = 0.25,
-        batch_size: int = 256,
-    ) -> None:
-        super().__init__(base_url, timeout, retries, token, backoff_s, batch_size)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=self._headers)
+    _http_cls = httpx.AsyncClient
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
