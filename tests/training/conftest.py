@@ -6,48 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from training.generation import Completion, SamplingParams, cut_at_stop
-
-
-class ScriptedGenerator:
-    """Replays scripted model outputs. ``scripts[marker]`` is the list of raw outputs for the trajectory whose
-    prompt contains ``marker`` (step i uses item i); each output is cut at the first stop string, like a model
-    that stops there. An output ending in ``<EOS>`` finishes with reason ``eos``; otherwise ``length``."""
-
-    eos_token = "<|im_end|>"
-
-    def __init__(self, scripts: dict[str, list[str]], tokenizer=None) -> None:
-        self.scripts = scripts
-        self.tokenizer = tokenizer
-        self.calls: dict[str, int] = {}
-        self.batches: list[int] = []
-        self.samplings: list[SamplingParams] = []
-
-    def _marker(self, prompt: str) -> str:
-        hits = [m for m in self.scripts if m in prompt]
-        if not hits:
-            raise KeyError(f"no script for prompt ending {prompt[-80:]!r}")
-        return max(hits, key=len)
-
-    def generate(self, prompts: list[str], sampling: SamplingParams, max_tokens=None) -> list[Completion]:
-        self.batches.append(len(prompts))
-        self.samplings.append(sampling)
-        out = []
-        for p in prompts:
-            key = self._marker(p)
-            step = self.calls.get(key, 0)
-            self.calls[key] = step + 1
-            raw = self.scripts[key][min(step, len(self.scripts[key]) - 1)]
-            eos = raw.endswith("<EOS>")
-            raw = raw.removesuffix("<EOS>")
-            text, stop = cut_at_stop(raw, sampling.stop)
-            ids = list(range(max(1, len(text) // 4)))
-            if stop is not None:
-                out.append(Completion(text=text, token_ids=ids, finish_reason="stop", stop=stop))
-            else:
-                out.append(Completion(text=text, token_ids=ids, finish_reason="eos" if eos else "length"))
-        return out
+from training_fakes import ScriptedGenerator
 
 
 @pytest.fixture(scope="session")
@@ -125,17 +84,6 @@ def scripted(smol_tokenizer):
         return ScriptedGenerator({q: steps for _, q, _ in QUESTIONS}, smol_tokenizer)
 
     return make
-
-
-class CountingSearcher:
-    """Wraps a real searcher and records every batch call (to check one retriever call per step)."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.name, self.calls = inner, getattr(inner, "name", "wrapped"), []
-
-    def search(self, queries: list[str], k: int):
-        self.calls.append((list(queries), k))
-        return self.inner.search(queries, k)
 
 
 @pytest.fixture(scope="session")

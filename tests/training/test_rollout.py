@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import CountingSearcher
+from training_fakes import CountingSearcher
 
 from infra import artifacts
 from training.protocols.research import EMPTY_QUERY_RESULT
@@ -27,7 +27,7 @@ def test_batched_generation_and_one_search_call_per_step(questions, scripted, bm
 
 
 def test_distinct_queries_share_one_call(questions, scripted, smol_tokenizer, bm25) -> None:
-    from conftest import ScriptedGenerator
+    from training_fakes import ScriptedGenerator
 
     gen = ScriptedGenerator(
         {questions[0].question: ["<search> Ed Wood </search>", "<answer> \\boxed{a} </answer><EOS>"],
