@@ -122,13 +122,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def server_process(index_dir: Path, batching: bool, workers: int, torch_threads: int, max_wait_ms: float):
+def server_process(index_dir: Path, batching: bool, workers: int, torch_threads: int, max_wait_ms: float,
+                   max_batch: int = 256):
     """Start ``searchloop serve retriever`` on a free loopback port; yield its URL."""
     from retrieval.client import RetrieverClient
 
     port = _free_port()
     cmd = [sys.executable, "-m", "flows.cli", "serve", "retriever", "--index", str(index_dir), "--port", str(port),
-           "--cache-size", "0", "--max-batch", "256", "--workers", str(workers),
+           "--cache-size", "0", "--max-batch", str(max_batch), "--workers", str(workers),
            "--max-wait-ms", str(max_wait_ms)]
     if not batching:
         cmd.append("--no-batching")
@@ -288,7 +289,8 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
                            "in_process_single_cpu_ms": single_cpu}
     for name, batching in (("server", True), ("baseline", False)):
         print(f"[{backend}] {name} (batching={batching})", flush=True)
-        with server_process(index_dir, batching, args.workers, args.torch_threads, args.max_wait_ms) as (url, pid):
+        with server_process(index_dir, batching, args.workers, args.torch_threads, args.max_wait_ms,
+                            args.max_batch) as (url, pid):
             out[name] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests, args.client_procs)
     out["server_vs_in_process"] = out["server"][top]["qps"] / inproc
     out[f"server_vs_in_process_{top}"] = out["server"][top]["qps"] / inproc_top
@@ -332,6 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--client-procs", type=int, default=1, help="Processes the concurrent clients are spread over "
                    "(each an asyncio loop driving its share of raw keep-alive connections).")
     p.add_argument("--max-wait-ms", type=float, default=0.0, help="Server micro-batch extra wait.")
+    p.add_argument("--max-batch", type=int, default=256, help="Server micro-batch cap (with N workers and C "
+                   "closed-loop clients, C/N keeps every worker busy: one batch of all C leaves the others idle).")
     p.add_argument("--torch-threads", type=int, default=1, help="Intra-op threads, in-process and in the servers.")
     p.add_argument("--workers", type=int, default=1, help="Parallel batches: server micro-batch workers and "
                    "in-process threads (the baseline server always uses its 8-thread pool).")
