@@ -291,9 +291,8 @@ class TransformersGenerator:
     def _generate_cached(self, prompts: list[str], budgets: list[int], sampling: SamplingParams, idx: list[int],
                          out: list[Completion | None]) -> None:
         """Generate with prefix reuse: shared template once, then per bucket only the uncached suffixes."""
-        import torch
-
-        from training.kv_prefix import assemble, harvest
+        from training.decode import decode
+        from training.kv_prefix import assemble
 
         store, tok = self.prefix_cache, self.tokenizer
         if store is None:
@@ -304,19 +303,18 @@ class TransformersGenerator:
         todo = [len(lk.ids) - lk.length for lk in lookups]
         for bucket in length_buckets(todo, self.batch_size, self.bucket_ratio):
             group = [lookups[j] for j in bucket]
-            input_ids, mask, cache, lc = assemble(group, tok.pad_token_id, self.device)
-            plen = input_ids.shape[1]
+            input_ids, mask, cache, _ = assemble(group, tok.pad_token_id, self.device)
             group_budgets = [budgets[j] for j in bucket]
-            criteria = _StopCriteria(tok, plen, list(sampling.stop), group_budgets)
-            with torch.inference_mode():
-                res = self.model.generate(
-                    input_ids=input_ids, attention_mask=mask, past_key_values=cache,
-                    max_new_tokens=max(group_budgets), stopping_criteria=[criteria], pad_token_id=tok.pad_token_id,
-                    eos_token_id=tok.eos_token_id, return_dict_in_generate=True, **self._sampling_kwargs(sampling),
-                )
-            comps = [self._finish(res.sequences[r, plen:].tolist(), group_budgets[r], sampling.stop)
-                     for r in range(len(group))]
-            harvest(store, group, res.past_key_values, lc, [c.token_ids for c in comps])
+            finished: dict[int, tuple[list, list[int]]] = {}
+            new_ids = decode(
+                self.model, input_ids, mask, cache, group_budgets, tok, list(sampling.stop), sampling.temperature,
+                sampling.top_p, on_finish=lambda row, kv, fed, keep=finished: keep.__setitem__(row, (kv, fed)),
+            )
+            comps = [self._finish(new_ids[r], group_budgets[r], sampling.stop) for r in range(len(group))]
+            for r, (lk, comp) in enumerate(zip(group, comps, strict=True)):
+                kv, fed = finished[r]
+                n = len(lk.ids) + min(len(fed), len(comp.token_ids))
+                store.add(lk.ids + comp.token_ids[: n - len(lk.ids)], [(k[:, :n], v[:, :n]) for k, v in kv])
             store.hits += sum(lk.length for lk in group)
             store.misses += sum(len(lk.ids) - lk.length for lk in group)
             for j, comp in zip(bucket, comps, strict=True):

@@ -154,19 +154,3 @@ def assemble(lookups: list[Lookup], pad_id: int, device: Any) -> tuple[Any, Any,
                 values[r, :, lc - lk.length:] = v[:, : lk.length]
         layers.append((keys, values))
     return input_ids.to(device), mask.to(device), DynamicCache(layers), lc
-
-
-def harvest(store: PrefixKVStore, lookups: list[Lookup], cache: Any, lc: int, kept: list[list[int]]) -> None:
-    """After ``generate``: store each row's KV for its prompt + kept generated tokens (those fed to the model)."""
-    import torch
-
-    layers = _layers(cache)
-    width = layers[0][0].shape[2]  # tokens fed: prompt columns + generated - 1
-    ls = max(len(lk.ids) - lk.length for lk in lookups)
-    for r, (lk, new) in enumerate(zip(lookups, kept, strict=True)):
-        n_new = max(0, min(len(new), width - lc - ls))
-        suffix = len(lk.ids) - lk.length
-        cols = list(range(lc - lk.length, lc)) + list(range(lc + ls - suffix, lc + ls + n_new))
-        index = torch.tensor(cols, device=layers[0][0].device)
-        kv = [(k[r].index_select(1, index).clone(), v[r].index_select(1, index).clone()) for k, v in layers]
-        store.add(lk.ids + list(new[:n_new]), kv)

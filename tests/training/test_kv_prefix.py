@@ -60,3 +60,16 @@ def test_store_prefers_longest_prefix_and_respects_its_bound() -> None:
     assert sorted(len(e.ids) for e in store.entries) == [3, 6]
     store.add([9, 9, 9], kv(3))  # 12 tokens > 10: the least recently used goes
     assert sum(len(e.ids) for e in store.entries) <= 10
+
+
+def test_row_dropping_decoder_sampling(tiny, smol_tokenizer) -> None:
+    cached, plain = _gens(tiny, smol_tokenizer)
+    prompts = [TEMPLATE + "Who painted the Mona Lisa?", TEMPLATE + "What is the capital of Peru?"]
+    greedy = [c.text for c in plain.generate(prompts, SamplingParams(max_tokens=10))]
+    # a vanishing nucleus keeps only the most likely token: sampling degenerates to greedy
+    narrow = SamplingParams(temperature=1.0, top_p=1e-9, seed=3, max_tokens=10)
+    assert [c.text for c in cached.generate(prompts, narrow)] == greedy
+    wide = SamplingParams(temperature=1.0, top_p=0.95, seed=11, max_tokens=10, n=2)
+    first, again = cached.generate(prompts, wide), cached.generate(prompts, wide)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]  # seeded
+    assert len({tuple(c.token_ids) for c in first}) > 1  # and actually sampling
