@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 
-@dataclass
+@dataclass(eq=False)  # identity: entries hold arrays, and eviction removes one specific entry
 class _Entry:
     ids: np.ndarray  # token ids whose keys/values are stored, shape [n]
     kv: list[tuple[Any, Any]]  # per layer (keys, values), each [kv_heads, n, head_dim]

@@ -73,3 +73,12 @@ def test_row_dropping_decoder_sampling(tiny, smol_tokenizer) -> None:
     first, again = cached.generate(prompts, wide), cached.generate(prompts, wide)
     assert [c.token_ids for c in first] == [c.token_ids for c in again]  # seeded
     assert len({tuple(c.token_ids) for c in first}) > 1  # and actually sampling
+
+
+def test_store_evicts_entries_of_any_length() -> None:
+    store = PrefixKVStore(max_tokens=8)
+    kv = lambda n: [(torch.zeros(1, n, 2), torch.zeros(1, n, 2))]  # noqa: E731
+    store.add([1, 2, 3, 4, 5], kv(5))
+    store.add([7, 8, 9], kv(3))
+    store.add([4, 4, 4, 4], kv(4))  # evicting must not compare entries' arrays of different lengths
+    assert [len(e.ids) for e in store.entries] == [3, 4]  # the oldest (5 tokens) went
