@@ -296,15 +296,15 @@ def update_index(cfg: IndexBuildConfig, previous_dir: str | os.PathLike[str],
     """
     out = local_path(out_dir) if out_dir is not None else default_index_dir(cfg)
     previous = local_path(previous_dir)
-    if out.resolve() == previous.resolve():
-        raise ConfigError(f"update_index out_dir {out} is the previous index; write the update to a new directory "
-                          "(the previous index must stay readable until the new one is complete)")
-    if (ref := existing_index(cfg, out)) is not None:
+    if (ref := existing_index(cfg, out)) is not None:  # e.g. a rerun, or the corpus went back to an indexed version
         record = (read_manifest(out) or {}).get("update")
         if record:
             return IndexUpdate.model_validate({**record, "ref": ref})
         return IndexUpdate(ref=ref, previous=str(previous), method="reused", counts=UpdateCounts(
             unchanged=ref.n_passages, total=ref.n_passages))
+    if out.resolve() == previous.resolve():
+        raise ConfigError(f"update_index out_dir {out} is the previous index; write the update to a new directory "
+                          "(the previous index must stay readable until the new one is complete)")
     m = read_manifest(previous)
     if m is None or m.get("kind") != "index":
         return _full(cfg, previous, out, f"no finished index at {previous}")
