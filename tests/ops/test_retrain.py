@@ -138,17 +138,17 @@ def _markdown_artifact(key: str) -> str:
 
 
 def test_dense_refresh_is_incremental_encodes_only_changes_full_on_request(ops_stack, tmp_path: Path):
-    """Real MiniLM over a 200-passage slice: the second run encodes only the 3 new/changed passages and says so in
+    """Real MiniLM over a 60-passage slice: the second run encodes only the 3 new/changed passages and says so in
     MLflow and the flow-run markdown; refresh=full rebuilds everything."""
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_bytes(b"\n".join(CORPUS.read_bytes().splitlines()[:200]) + b"\n")
-    index = {"corpus": str(corpus), "backend": "dense", "shard_size": 64}
+    corpus.write_bytes(b"\n".join(CORPUS.read_bytes().splitlines()[:60]) + b"\n")
+    index = {"corpus": str(corpus), "backend": "dense", "shard_size": 32}
     cfg = RetrainConfig(corpus=str(corpus), state_root=str(tmp_path / "state"), name="dense", index=index)
     ids = [p.id for p in sync.iter_corpus(corpus)]
     with ops_stack.client_env():
         first = retrain(cfg)
-        assert first.refresh["method"] == "full" and first.refresh["counts"]["encoded"] == 200
-        edit_corpus(corpus, drop={ids[3]}, change={ids[100], ids[150]},
+        assert first.refresh["method"] == "full" and first.refresh["counts"]["encoded"] == 60
+        edit_corpus(corpus, drop={ids[3]}, change={ids[30], ids[50]},
                     add=[{"id": "new-1", "title": "Searchloop", "text": "A new passage added by the test."}])
         second = retrain(cfg)
         markdown = _markdown_artifact("retrain-dense")
@@ -157,11 +157,11 @@ def test_dense_refresh_is_incremental_encodes_only_changes_full_on_request(ops_s
     r = second.refresh
     assert r["method"] == "incremental" and "faiss flat: in place" in r["how"]
     assert (r["counts"]["added"], r["counts"]["changed"], r["counts"]["deleted"]) == (1, 2, 1)
-    assert (r["counts"]["encoded"], r["counts"]["reused"], r["counts"]["total"]) == (3, 197, 200)
+    assert (r["counts"]["encoded"], r["counts"]["reused"], r["counts"]["total"]) == (3, 57, 60)
     run = mlflow_runs(ops_stack.cfg.mlflow_url, filter_string=f"attributes.run_id = '{second.mlflow_run_id}'")[0]
-    assert (run.data.metrics["refresh_encoded"], run.data.metrics["refresh_reused"]) == (3, 197)
+    assert (run.data.metrics["refresh_encoded"], run.data.metrics["refresh_reused"]) == (3, 57)
     assert run.data.metrics["refresh_incremental"] == 1 and run.data.tags["refresh"] == "incremental"
-    assert "Index refresh: incremental" in markdown and "| 200 | 197 | 3 |" in markdown
+    assert "Index refresh: incremental" in markdown and "| 60 | 57 | 3 |" in markdown
     assert artifacts.read_manifest(second.index_dir)["update"]["counts"]["encoded"] == 3
     assert third.refresh["method"] == "full" and third.refresh["reason"] == "refresh=full"
-    assert third.refresh["counts"]["encoded"] == 201
+    assert third.refresh["counts"]["encoded"] == 61
