@@ -122,14 +122,13 @@ def diff_store(previous: PassageStore, passages: Any, fingerprint: str) -> Passa
 
 
 def incompatibility(previous: IndexBuildConfig, cfg: IndexBuildConfig) -> str:
-    """Why ``previous`` cannot be updated into ``cfg`` ('' when it can): backend or build parameters changed."""
+    """Why ``previous`` cannot be updated into ``cfg`` ('' when it can): backend, encoder or ColBERT parameters
+    changed. Changed faiss parameters are no reason: the stored vectors are reused and the faiss index rebuilt."""
     if previous.backend != cfg.backend:
         return f"backend changed ({previous.backend} -> {cfg.backend})"
-    if cfg.backend == "dense":
-        if encoders.config_fingerprint(previous.encoder) != encoders.config_fingerprint(cfg.encoder):
-            return "encoder changed (model, prefixes, normalization or max length)"
-        if previous.faiss.model_dump(exclude=FAISS_SEARCH_TIME) != cfg.faiss.model_dump(exclude=FAISS_SEARCH_TIME):
-            return "faiss build parameters changed"
+    fingerprints = {encoders.config_fingerprint(c.encoder) for c in (previous, cfg)}
+    if cfg.backend == "dense" and len(fingerprints) > 1:
+        return "encoder changed (model, prefixes, normalization or max length)"
     if cfg.backend == "colbert":
         if cfg.colbert.engine != "pylate-voyager":
             return f"colbert engine {cfg.colbert.engine} has no in-place update; rebuilt"
@@ -208,7 +207,8 @@ def _assemble_shards(cfg: IndexBuildConfig, out: Path, info: StoreInfo, diff: Pa
     return refs, encoded
 
 
-def _incremental(cfg: IndexBuildConfig, previous: Path, out: Path, encoder: encoders.Encoder | None) -> IndexUpdate:
+def _incremental(cfg: IndexBuildConfig, previous: Path, out: Path, encoder: encoders.Encoder | None,
+                 prev_cfg: IndexBuildConfig) -> IndexUpdate:
     from retrieval import update_backends as ub
     from retrieval.corpus import corpus_fingerprint
 
@@ -233,7 +233,8 @@ def _incremental(cfg: IndexBuildConfig, previous: Path, out: Path, encoder: enco
     if vectors is not None:
         shards, encoded = _assemble_shards(cfg, out, info, diff, vectors, encoder)
         timings["embed_s"], t1 = time.perf_counter() - t1, time.perf_counter()
-        params, how = ub.update_faiss(cfg.faiss, previous, out, diff.removed, shards, len(diff.kept))
+        same = prev_cfg.faiss.model_dump(exclude=FAISS_SEARCH_TIME) == cfg.faiss.model_dump(exclude=FAISS_SEARCH_TIME)
+        params, how = ub.update_faiss(cfg.faiss, previous, out, diff.removed, shards, len(diff.kept), rebuild=not same)
         counts = counts.model_copy(update={"encoded": encoded, "reused": len(diff.kept)})
     elif cfg.backend == "bm25":
         params, how = ub.rebuild_bm25(out, cfg.bm25.k1, cfg.bm25.b)
@@ -308,9 +309,9 @@ def update_index(cfg: IndexBuildConfig, previous_dir: str | os.PathLike[str],
     m = read_manifest(previous)
     if m is None or m.get("kind") != "index":
         return _full(cfg, previous, out, f"no finished index at {previous}")
-    reason = incompatibility(IndexBuildConfig.model_validate(m["config"]), cfg)
-    if reason:
+    prev_cfg = IndexBuildConfig.model_validate(m["config"])
+    if reason := incompatibility(prev_cfg, cfg):
         return _full(cfg, previous, out, reason)
     if cfg.backend == "hybrid":
         return _hybrid(cfg, previous, out, encoder)
-    return _incremental(cfg, previous, out, encoder)
+    return _incremental(cfg, previous, out, encoder, prev_cfg)

@@ -42,7 +42,7 @@ def _write_faiss(index: Any, path: Path) -> None:
 
 
 def update_faiss(cfg: DenseIndexConfig, previous: Path, out: Path, removed: list[int], shards: list[ShardRef],
-                 n_kept: int) -> tuple[dict[str, Any], str]:
+                 n_kept: int, rebuild: bool = False) -> tuple[dict[str, Any], str]:
     """Write ``out/index.faiss`` for the updated store; returns (index params, how it was done).
 
     Args:
@@ -52,11 +52,12 @@ def update_faiss(cfg: DenseIndexConfig, previous: Path, out: Path, removed: list
         removed: previous-store rows that are gone (deleted or changed passages).
         shards: the new index's embedding shards (rows ``n_kept..`` are the fresh vectors).
         n_kept: rows kept from the previous index (they come first, in their old order).
+        rebuild: the faiss build parameters changed: rebuild from the stored vectors.
     """
     import faiss
 
     n = sum(s.n for s in shards)
-    if cfg.type == "flat" or (cfg.type == "hnsw" and not removed):
+    if not rebuild and (cfg.type == "flat" or (cfg.type == "hnsw" and not removed)):
         index = faiss.read_index(str(previous / INDEX_FILE))
         if removed:  # IndexFlat compacts in order: survivors take rows 0..n_kept-1 of the new store
             index.remove_ids(np.asarray(removed, dtype=np.int64))
@@ -71,7 +72,8 @@ def update_faiss(cfg: DenseIndexConfig, previous: Path, out: Path, removed: list
         how = f"faiss {cfg.type}: in place (remove_ids {len(removed)} + add {len(fresh)})"
         return {**params, "ntotal": int(index.ntotal), "built_on_gpu": False}, how
     params = build_faiss_index(shards, cfg, out / INDEX_FILE)
-    why = "HNSW cannot remove vectors" if cfg.type == "hnsw" else "IVF remove_ids does not renumber ids"
+    why = ("faiss build parameters changed" if rebuild else "HNSW cannot remove vectors" if cfg.type == "hnsw"
+           else "IVF remove_ids does not renumber ids")
     return params, f"faiss {cfg.type}: {why}; rebuilt from stored vectors (no encoding)"
 
 

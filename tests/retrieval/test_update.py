@@ -180,10 +180,14 @@ def test_changed_build_parameters_fall_back_to_full(corpus, tmp_path, hashing_en
     build_index(cfg, tmp_path / "v1")
     edit(path, add=NEW_ROWS)
     hnsw = cfg.model_copy(update={"faiss": cfg.faiss.model_copy(update={"type": "hnsw"})})
-    upd = update_index(hnsw, tmp_path / "v1", tmp_path / "v2")
-    assert upd.method == "full" and "faiss build parameters changed" in upd.reason
+    upd = update_index(hnsw, tmp_path / "v1", tmp_path / "v2")  # new faiss type: vectors reused, faiss rebuilt
+    assert upd.method == "incremental" and "faiss build parameters changed; rebuilt" in upd.how
+    assert upd.counts.encoded == 2 and load_searcher(tmp_path / "v2").index.ntotal == 302
+    longer = cfg.model_copy(update={"encoder": cfg.encoder.model_copy(update={"max_length": 128})})
+    upd = update_index(longer, tmp_path / "v1", tmp_path / "v2b")  # other encoder outputs: everything re-encoded
+    assert upd.method == "full" and "encoder changed" in upd.reason
     assert upd.counts.encoded == 302 and upd.counts.added == 2
-    assert read_manifest(tmp_path / "v2")["update"]["method"] == "full"
+    assert read_manifest(tmp_path / "v2b")["update"]["method"] == "full"
     missing = update_index(cfg, tmp_path / "nothing", tmp_path / "v3")
     assert missing.method == "full" and "no finished index" in missing.reason
     with pytest.raises(ConfigError, match="previous index"):
