@@ -165,7 +165,7 @@ def _refresh_index(cfg: RetrainConfig, build_cfg: IndexBuildConfig, previous: st
     why = "refresh=full" if cfg.refresh == "full" else "no previous index"
     ref = ops.build_index(build_cfg, index_dir)
     return ref, {"method": "full", "reason": why, "how": f"{ref.backend}: full build", "previous": previous or "",
-                 "counts": {"encoded": ref.n_passages if ref.backend in ("dense", "colbert") else 0,
+                 "counts": {"encoded": 0 if ref.reused or ref.backend == "bm25" else ref.n_passages,
                             "total": ref.n_passages}}
 
 
