@@ -4,7 +4,8 @@ A dense index keeps its passage vectors in ``shards/*.npy`` (float32, row-aligne
 row gets a content key = hash(encoder fingerprint, passage id, title, text). The fingerprint
 (``retrieval.encoders.config_fingerprint``) covers the model name, the query/passage prefixes, normalization and
 max length, so a passage whose text changed, or any passage under a different encoder or prefix, never matches a
-stored vector. ``retrieval.update`` looks new passages up by key: hits reuse the stored vector, misses are encoded.
+stored vector. ``retrieval.update.diff_store`` looks new passages up by key against the stored rows: hits reuse
+the stored vector (``VectorStore.vectors``), misses are encoded.
 Nothing is loaded into RAM beyond the rows asked for (shards are memory-mapped).
 """
 
@@ -89,10 +90,6 @@ class VectorStore:
     def dim(self) -> int:
         """Embedding dimension."""
         return self.shards[0].dim
-
-    def key_rows(self) -> dict[str, int]:
-        """Content key -> row of every stored passage."""
-        return {passage_key(p, self.fingerprint): i for i, p in enumerate(self.store)}
 
     def vectors(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """Stored vectors at ``rows`` (float32 [len(rows), dim])."""
