@@ -12,7 +12,7 @@ Nothing is loaded into RAM beyond the rows asked for (shards are memory-mapped).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +27,6 @@ from retrieval.types import Passage
 def passage_key(p: Passage, fingerprint: str) -> str:
     """Content key of one passage's embedding under the encoder with ``fingerprint``."""
     return content_hash([fingerprint, p.id, p.title, p.text])[:32]
-
-
-def passage_keys(passages: Iterable[Passage], fingerprint: str) -> list[str]:
-    """Content keys of ``passages`` in order."""
-    return [passage_key(p, fingerprint) for p in passages]
 
 
 def read_rows(shards: Sequence[ShardRef], rows: Sequence[int] | np.ndarray) -> np.ndarray:
