@@ -13,7 +13,8 @@ import pytest
 from evaluation.benchmarks import load_benchmark
 from infra import artifacts
 from infra.errors import ArtifactError
-from training import warmup, warmup_protocols as wp
+from training import warmup
+from training import warmup_protocols as wp
 from training.protocols.base import load_protocol
 
 DATA = Path(__file__).resolve().parents[2] / "data"
