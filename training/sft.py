@@ -7,6 +7,14 @@ assistant after an optional leading system turn. LLaMA-Factory supervises **ever
 off) and masks system, user and observation turns from the loss (labels -100). ExSearch's retrieved documents sit
 in user turns (``<SEARCH> ...``), so they are masked, as in the seed.
 
+Pre-tokenized data (``train_sft_tokenized``): rows with ``input_ids`` and ``labels`` (``-100`` on every token that is
+not entirely model-generated), rendered by the rollout engine for single-stream protocols (ReSearch, Search-R1,
+R1-Searcher, SmartSearch; ``training.warmup_protocols``). Their documents sit *inside* the assistant's text, so
+LLaMA-Factory's role turns could not reproduce the rollout text (an ``observation`` turn adds its own template
+tokens); instead the rows are saved as a ``datasets`` folder and passed as ``tokenized_path``, which LLaMA-Factory
+loads without re-tokenizing, and the run goes through ``training.lf_weighted`` (its SFT workflow, our trainer with
+every weight 1). Train and rollout text are then byte-identical and the masks are the rollout's own.
+
 The engine runs as a subprocess: ``llamafactory-cli train run.yaml`` for plain SFT (warm-up) or
 ``python -m training.lf_weighted run.yaml`` for the weighted M-step (``torchrun`` when ``nproc_per_node > 1``).
 Its environment carries ``MLFLOW_TRACKING_URI``/``MLFLOW_RUN_ID`` so ``report_to: mlflow`` logs into our stage run,

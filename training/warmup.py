@@ -15,6 +15,8 @@ own validator (``training.protocols.exsearch.validate_messages``) and only passi
    valid and F1 >= ``min_f1``.
 
 Output rows: ``{"messages": [...], "question_id", "source"}``, the format ``training.sft`` trains on.
+``decomposition_episodes`` and ``fireact_episode`` are the protocol-independent parts of sources 1 and 2;
+``training.warmup_protocols`` renders them in any protocol through the rollout engine.
 """
 
 from __future__ import annotations
