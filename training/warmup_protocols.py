@@ -68,7 +68,8 @@ class ProtocolWarmupStats(BaseModel):
 
 
 # ---- the generated text of each protocol -------------------------------------------------------------------------
-# A script item: (text, stop string that ended it or None, finish reason). ``facts[i]`` is the fact of step i.
+# A script item: (text, stop string that ended it or None, finish reason). ``facts[i]`` is the fact read from step
+# i's documents (reasoning before the next query / the answer); with no query, ``facts`` holds at most one item.
 Script = list[tuple[str, str | None, str]]
 
 
@@ -81,7 +82,7 @@ def _research(queries: list[str], facts: list[str], answer: str) -> Script:
     for i, q in enumerate(queries):
         think = facts[i - 1] if i else OPENING
         out.append((f"{' ' if i else ''}<think> {think} </think>\n<search> {q} </search>", "</search>", "stop"))
-    last = facts[-1] if queries else OPENING
+    last = facts[-1] if facts else OPENING
     return [*out, (f"{' ' if queries else ''}<think> {last} </think>\n{_boxed(answer)}", None, "eos")]
 
 
@@ -90,14 +91,14 @@ def _smartsearch(queries: list[str], facts: list[str], answer: str) -> Script:
     for i, q in enumerate(queries):
         head = f"<think> {facts[i - 1]} </think>" if i else f" {OPENING} </think>"
         out.append((f"{head}\n<search> {q} </search>", "</search>", "stop"))
-    head = f"<think> {facts[-1]} </think>" if queries else f" {OPENING} </think>"
+    head = f"<think> {facts[-1]} </think>" if queries else f" {facts[-1] if facts else OPENING} </think>"
     return [*out, (f"{head}\n{_boxed(answer)}", None, "eos")]
 
 
 def _searchr1(queries: list[str], facts: list[str], answer: str) -> Script:
     out: Script = [(f"<think> {facts[i - 1] if i else OPENING} </think>\n<search> {q} </search>", "</search>", "stop")
                    for i, q in enumerate(queries)]
-    last = facts[-1] if queries else OPENING
+    last = facts[-1] if facts else OPENING
     return [*out, (f"<think> {last} </think>\n<answer> {answer} </answer>", "</answer>", "stop")]
 
 
@@ -106,7 +107,7 @@ def _r1searcher(queries: list[str], facts: list[str], answer: str) -> Script:
 
     out: Script = [(f"{facts[i - 1] if i else ' ' + OPENING} {BEGIN_QUERY} {q}{END_QUERY}", END_QUERY, "stop")
                    for i, q in enumerate(queries)]
-    last = facts[-1] if queries else " " + OPENING
+    last = (facts[-1] if queries else " " + facts[-1]) if facts else " " + OPENING
     return [*out, (f"{last} </think>\n\n<answer> {answer} </answer>", "</answer>", "stop")]
 
 
@@ -117,7 +118,7 @@ def _exsearch(queries: list[str], facts: list[str], answer: str) -> Script:
     for i, q in enumerate(queries):
         head = f"{FACT_TOKEN} {facts[i - 1]}\n" if i else ""
         out.append((f"{head}{QUERY_TOKEN} {q}{SEARCH_TOKEN}", SEARCH_TOKEN, "stop"))
-    final = f"{FACT_TOKEN} {facts[-1]}\n{FINAL_TOKEN}" if queries else FINAL_TOKEN
+    final = f"{FACT_TOKEN} {facts[-1]}\n{FINAL_TOKEN}" if facts else FINAL_TOKEN
     return [*out, (final, None, "eos"), (answer, None, "eos")]
 
 
@@ -200,9 +201,9 @@ def render_episode(protocol: SearchProtocol, episode: Episode, tokenizer: Any,
 
     steps, truncated = fit_steps(protocol, episode.steps, max_fact_words)
     queries, facts = [s[0] for s in steps], [s[1] for s in steps]
-    if not steps and episode.steps:
+    if not steps and episode.steps:  # no search allowed: all facts go into the one reasoning step
         facts = [shorten(" ".join(f for _, f, _ in episode.steps), max_fact_words)]
-    script = SCRIPTS[protocol.name](queries, facts if queries else facts or [OPENING], episode.answer.strip())
+    script = SCRIPTS[protocol.name](queries, facts, episode.answer.strip())
     gen = ReplayGenerator(script, getattr(tokenizer, "eos_token", None), tokenizer)
     cfg = RolloutConfig(n=1, temperature=0.0, best_of=1, max_tokens_per_turn=1 << 20, max_total_tokens=1 << 20,
                         max_passes=len(script) + 1)
