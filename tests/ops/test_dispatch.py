@@ -33,12 +33,21 @@ def _step_runs(parent_id: str) -> list:
 
 
 def _running_step(parent_id: str, attempt: int):
-    """The ``attempt``-th dispatched step once it runs and has recorded its process id."""
+    """The ``attempt``-th dispatched step once its step task computes (its process id is recorded by then)."""
     runs = _step_runs(parent_id)
-    if len(runs) < attempt:
+    if len(runs) < attempt or runs[attempt - 1].state.type.value != "RUNNING":
         return None
     run = runs[attempt - 1]
-    return run if run.state.type.value == "RUNNING" and "searchloop.pid" in run.labels else None
+    busy = any(t.state and t.state.type.value == "RUNNING" for t in task_runs(str(run.id)))
+    return run if busy and "searchloop.pid" in run.labels else None
+
+
+def _kill_when_busy(parent_id: str, attempt: int):
+    """Wait for the attempt's step to compute for a moment (not mid-request: SQLite-backed servers stall on a
+    client killed inside a write), then return it."""
+    run = wait_for(lambda: _running_step(parent_id, attempt), 120, f"dispatched step #{attempt} to run")
+    time.sleep(2)
+    return run
 
 
 def _small_corpus(path: Path, rows: int) -> Path:
@@ -53,9 +62,10 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
         log.append(line)
         print(line, flush=True)
 
-    corpus = _small_corpus(tmp_path / "corpus.jsonl", 400)
+    corpus = _small_corpus(tmp_path / "corpus.jsonl", 128)
     params = {"cfg": {"name": "dispatch-kill", "output_dir": str(tmp_path / "index"), "evaluate": False,
-                      "index": {"corpus": str(corpus), "backend": "dense", "shard_size": 400}}}
+                      "index": {"corpus": str(corpus), "backend": "dense", "shard_size": 128,
+                                "encoder": {"max_length": 128}}}}
     t0 = time.monotonic()
     with ops_stack.client_env():
         pool_env = {"env": {"SEARCHLOOP_DISPATCH": "pool"}}
@@ -63,7 +73,7 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
         say(f"parent flow run {run_id} submitted to build_index/default (cpu pool) with SEARCHLOOP_DISPATCH=pool")
 
         # attempt 1: kill -9 the process executing the step; the gpu worker reports it Crashed
-        step = wait_for(lambda: _running_step(run_id, 1), 120, "the dispatched step to run on the gpu worker")
+        step = _kill_when_busy(run_id, 1)
         pid = int(step.labels["searchloop.pid"])
         os.kill(pid, signal.SIGKILL)
         worker = step.labels["prefect.worker.name"]
@@ -72,7 +82,7 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
         say(f"{time.monotonic() - t0:5.1f}s step run {first.name}: {first.state.name}: {first.state.message}")
 
         # attempt 2 (the embed task's first retry): kill -9 the whole gpu worker with its child, restart it
-        step2 = wait_for(lambda: _running_step(run_id, 2), 90, "the retried step to run")
+        step2 = _kill_when_busy(run_id, 2)
         info = proc.read_info(ops_stack.cfg.run_dir, gpu_worker.name)
         proc.kill_service(info)
         say(f"{time.monotonic() - t0:5.1f}s kill -9 process group {info.pid}: gpu worker and step run {step2.name}")
@@ -92,4 +102,4 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
     assert "status code -9" in steps[0].state.message and "is gone" in steps[1].state.message
     assert len(embed) == 1 and embed[0].state.is_completed() and embed[0].run_count == 3
     manifest = artifacts.read_manifest(tmp_path / "index")
-    assert manifest["ref"]["n_passages"] == 400 and manifest["ref"]["backend"] == "dense"
+    assert manifest["ref"]["n_passages"] == 128 and manifest["ref"]["backend"] == "dense"
