@@ -7,8 +7,9 @@ deployment (``flows/gpu_step.py``, deployed on the ``gpu`` pool): the arguments 
 tagged with their class), a worker of that pool executes the step and writes the JSON result to ``result_uri``
 (local path or ``s3://``, via ``infra.artifacts``), and the calling task waits for the run. A run that ends
 Failed, Crashed or Cancelled raises :class:`StepFailed`, so the calling task's own retries re-dispatch it; a run
-whose process vanished without any report (``kill -9`` of the worker and its child on this host) is marked
-Crashed here first.
+whose process vanished without any report (``kill -9`` of the worker and its child on this host), or that
+sent no flow-run heartbeat for ``SEARCHLOOP_DISPATCH_STALE_SECONDS`` (a dead remote node), is marked Crashed here
+first.
 
 Only names in :data:`STEPS` can run, and only pydantic models from our own packages are rebuilt from JSON.
 """
@@ -40,6 +41,7 @@ STEPS: dict[str, str] = {
 MODEL_PACKAGES = ("infra.", "retrieval.", "evaluation.", "training.")
 DISPATCH_ENV = "SEARCHLOOP_DISPATCH"
 RESULTS_ENV = "SEARCHLOOP_DISPATCH_RESULTS"
+STALE_ENV = "SEARCHLOOP_DISPATCH_STALE_SECONDS"
 STEP_DEPLOYMENT = "gpu-step/default"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -173,10 +175,48 @@ def _process_gone(labels: dict[str, Any] | None) -> bool:
         return True
 
 
-def wait_for_run(flow_run_id: uuid.UUID, timeout: float | None = None, poll: float = 2.0) -> Any:
+def stale_after_seconds() -> float:
+    """Seconds without a flow-run heartbeat after which a Running step counts as dead (any host).
+
+    ``SEARCHLOOP_DISPATCH_STALE_SECONDS``, else three heartbeat periods (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``).
+    """
+    from prefect.settings import get_current_settings
+
+    env = os.environ.get(STALE_ENV)
+    return float(env) if env else 3.0 * float(get_current_settings().flows.heartbeat_frequency or 180)
+
+
+def _silent_for(client: Any, run: Any) -> float:
+    """Seconds since the run's last heartbeat event (or its start when it sent none yet)."""
+    from datetime import datetime, timezone
+
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+
+    start = run.start_time or run.expected_start_time
+    flt = EventFilter(event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+                      resource=EventResourceFilter(id=[f"prefect.flow-run.{run.id}"]),
+                      occurred=EventOccurredFilter(since=start))
+    seen = [e.occurred for e in client.read_events(flt, limit=1).events]
+    last = max([start, *seen])
+    return (datetime.now(timezone.utc) - last).total_seconds()
+
+
+def _dead_reason(client: Any, run: Any, stale_after: float, check_heartbeat: bool = True) -> str | None:
+    """Why a Running step is dead (its process gone on this host, or silent too long), or None."""
+    if _process_gone(run.labels):
+        return f"process {run.labels.get(PID_LABEL)} of the flow run is gone (worker or node killed)"
+    silent = _silent_for(client, run) if check_heartbeat else 0.0
+    if silent > stale_after:
+        return f"no heartbeat for {silent:.0f} s (> {stale_after:.0f} s): its worker or node is presumed dead"
+    return None
+
+
+def wait_for_run(flow_run_id: uuid.UUID, timeout: float | None = None, poll: float = 2.0,
+                 stale_after: float | None = None) -> Any:
     """Poll a flow run until it is final; returns the final flow run.
 
-    A run still Running whose process on this host is gone (worker killed with its child) is set Crashed.
+    A run still Running whose process on this host is gone (worker killed with its child), or that sent no
+    heartbeat for ``stale_after`` seconds (default :func:`stale_after_seconds`; a dead remote node), is set Crashed.
 
     Raises:
         StepFailed: when ``timeout`` seconds pass first (the run is cancelled).
@@ -184,16 +224,21 @@ def wait_for_run(flow_run_id: uuid.UUID, timeout: float | None = None, poll: flo
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Crashed
 
+    stale_after = stale_after_seconds() if stale_after is None else stale_after
     deadline = None if timeout is None else time.monotonic() + timeout
+    next_heartbeat_check = time.monotonic() + min(30.0, stale_after / 3)
     with get_client(sync_client=True) as client:
         while True:
             run = client.read_flow_run(flow_run_id)
             state = run.state.type.value if run.state else "PENDING"
             if state in FINAL:
                 return run
-            if state == "RUNNING" and _process_gone(run.labels):
-                msg = f"process {run.labels.get(PID_LABEL)} of the flow run is gone (worker or node killed)"
-                client.set_flow_run_state(flow_run_id, Crashed(message=msg), force=True)
+            check = time.monotonic() >= next_heartbeat_check  # events queries are rarer than state polls
+            if check:
+                next_heartbeat_check = time.monotonic() + min(30.0, stale_after / 3)
+            reason = _dead_reason(client, run, stale_after, check) if state == "RUNNING" else None
+            if reason:
+                client.set_flow_run_state(flow_run_id, Crashed(message=reason), force=True)
                 continue
             if deadline is not None and time.monotonic() > deadline:
                 with contextlib.suppress(Exception):

@@ -101,3 +101,31 @@ def test_sequential_fan_out_calls_in_order(prefect_harness):
 
     assert parent("sequential") == [0, 2, 4, 6]
     assert parent("threads") == [0, 2, 4, 6]
+
+
+def test_silent_step_is_declared_dead_after_the_stale_period():
+    from datetime import datetime, timedelta, timezone
+    from types import SimpleNamespace
+
+    now = datetime.now(timezone.utc)
+
+    class Events:  # the shape of the Prefect client's read_events answer
+        def __init__(self, times):
+            self.times = times
+
+        def read_events(self, flt, limit):
+            assert flt.event.name == ["prefect.flow-run.heartbeat"] and limit == 1
+            return SimpleNamespace(events=[SimpleNamespace(occurred=t) for t in self.times])
+
+    run = SimpleNamespace(id="r1", labels={}, start_time=now - timedelta(seconds=900), expected_start_time=None)
+    assert "no heartbeat for 900 s" in dispatch._dead_reason(Events([]), run, stale_after=540)
+    assert dispatch._dead_reason(Events([now - timedelta(seconds=60)]), run, stale_after=540) is None
+    assert dispatch._dead_reason(Events([]), run, stale_after=540, check_heartbeat=False) is None
+
+
+def test_stale_after_defaults_to_three_heartbeats(monkeypatch):
+    monkeypatch.delenv(dispatch.STALE_ENV, raising=False)
+    monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "30")
+    assert dispatch.stale_after_seconds() == 90
+    monkeypatch.setenv(dispatch.STALE_ENV, "12.5")
+    assert dispatch.stale_after_seconds() == 12.5
