@@ -127,8 +127,10 @@ def test_silent_step_is_declared_dead_after_the_stale_period():
 
 
 def test_stale_after_defaults_to_three_heartbeats(monkeypatch):
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
     monkeypatch.delenv(dispatch.STALE_ENV, raising=False)
-    monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "30")
-    assert dispatch.stale_after_seconds() == 90
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
+        assert dispatch.stale_after_seconds() == 90
     monkeypatch.setenv(dispatch.STALE_ENV, "12.5")
     assert dispatch.stale_after_seconds() == 12.5
