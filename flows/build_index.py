@@ -12,6 +12,7 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.fanout import FanOutConfig, map_task
 from infra.config import StrictModel
 from retrieval.index import IndexBuildConfig, IndexRef, default_index_dir, part_config
 from retrieval.recall import RecallConfig, RecallReport
@@ -31,6 +32,9 @@ class BuildIndexFlowConfig(StrictModel):
     evaluation: RecallConfig = Field(default_factory=RecallConfig, description="Recall evaluation after the build.")
     evaluate: bool = Field(default=True, description="Run the recall evaluation after the build.")
     force: bool = Field(default=False, description="Rebuild even if an identical complete index exists.")
+    parallel: FanOutConfig = Field(
+        default_factory=FanOutConfig, description="How shard embeddings run: sequential, threads or ray (fan-out)."
+    )
 
 
 class BuildIndexResult(BaseModel):
@@ -43,16 +47,16 @@ class BuildIndexResult(BaseModel):
     mlflow_run_id: str = Field(description="MLflow run holding params, counts, timings, sizes and recall.")
 
 
-def _build_single(cfg: IndexBuildConfig, out: str, force: bool) -> IndexRef:
+def _build_single(cfg: IndexBuildConfig, out: str, force: bool, parallel: FanOutConfig) -> IndexRef:
     existing = None if force else t.find_existing_index(cfg, out)
     if existing is not None:
         return existing
     plan = t.plan_index(cfg, out)
     shards = []
     if cfg.backend == "dense":
-        embed = t.embed_shard.with_options(refresh_cache=force)
-        shards = [embed(plan.out_dir, spec, str(Path(plan.out_dir) / "shards"), cfg.encoder)
-                  for spec in plan.store.shards]
+        calls = [{"store_dir": plan.out_dir, "spec": spec, "shards_dir": str(Path(plan.out_dir) / "shards"),
+                  "encoder": cfg.encoder} for spec in plan.store.shards]
+        shards = map_task(t.embed_shard.with_options(refresh_cache=force), calls, parallel)
     return t.finalize_index(cfg, plan, shards)
 
 
@@ -64,12 +68,12 @@ def build_index_flow(cfg: BuildIndexFlowConfig) -> BuildIndexResult:
     if cfg.index.backend == "hybrid":
         existing = None if cfg.force else t.find_existing_index(cfg.index, out)
         parts = [] if existing else [
-            _build_single(part_config(cfg.index, p), str(Path(out) / p), cfg.force)
+            _build_single(part_config(cfg.index, p), str(Path(out) / p), cfg.force, cfg.parallel)
             for p in (cfg.index.hybrid.first, cfg.index.hybrid.second)
         ]
         ref = existing or t.finalize_hybrid(cfg.index, out, parts)
     else:
-        ref = _build_single(cfg.index, out, cfg.force)
+        ref = _build_single(cfg.index, out, cfg.force, cfg.parallel)
     report = t.evaluate_recall(ref.uri, cfg.evaluation) if cfg.evaluate else None
     run_id = t.log_index_run(cfg.name, cfg.index, ref, report, {"eval_files": cfg.evaluation.files,
                                                                  "eval_ks": cfg.evaluation.ks})

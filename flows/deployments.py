@@ -4,7 +4,9 @@ Discovery: every module ``flows/<name>.py`` is imported and each ``prefect.Flow`
 ``<flow-name>/default`` on the ``cpu`` pool (or the pool named by the module's ``WORK_POOL``). The entrypoint is
 the module path (``flows.retrain.retrain``) and the job runs in the repository root, so a process worker needs no
 code download; the UI form comes from the flow's parameter types (our pydantic config models). A scheduled
-variant (``<flow-name>/scheduled``) is added for flows given an interval or a cron string.
+variant (``<flow-name>/scheduled``) is added for flows given an interval or a cron string. Missing pools are
+created (type process) first: ``gpu-step`` (``flows/gpu_step.py``) lives on the ``gpu`` pool even where no gpu
+worker runs yet.
 
 This lives in ``flows/`` rather than ``infra/`` because library code never imports Prefect (a test checks it).
 """
@@ -49,6 +51,38 @@ def job_variables() -> dict[str, Any]:
     return {"working_dir": str(REPO_ROOT), "env": {"PYTHONPATH": str(REPO_ROOT)}}
 
 
+def ensure_pools(pools: set[str], pool_type: str = "process") -> list[str]:
+    """Create the work pools that do not exist yet (a deployment on a missing pool is rejected); returns them.
+
+    ``searchloop up`` on a machine without CUDA starts no ``gpu`` worker, but ``gpu-step`` is still deployed on an
+    (empty) ``gpu`` pool, so a gpu worker started later picks up what was dispatched.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    created = []
+    with get_client(sync_client=True) as client:
+        for name in sorted(pools):
+            try:
+                client.read_work_pool(name)
+            except ObjectNotFound:
+                try:
+                    client.create_work_pool(WorkPoolCreate(name=name, type=pool_type))
+                    created.append(name)
+                except ObjectAlreadyExists:  # a worker created it meanwhile
+                    pass
+    return created
+
+
+def _with_base_env(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Run-level job variables replace the deployment's per key: keep our base ``env`` under the run's own."""
+    out = dict(overrides)
+    if "env" in out:
+        out["env"] = {**job_variables()["env"], **out["env"]}
+    return out
+
+
 def register(
     flow: Flow, pool: str = "cpu", name: str = "default", interval: float | None = None, cron: str | None = None,
     parameters: dict[str, Any] | None = None, concurrency_limit: int | None = None,
@@ -77,9 +111,11 @@ def register_all(schedules: dict[str, float | str] | None = None,
     unknown = sorted(set(schedules or {}) - set(found))
     if unknown:
         raise ConfigError(f"no flow named {unknown} in flows/; known flows: {sorted(found)}")
+    chosen = {name: (pools or {}).get(name, pool) for name, (_, pool) in found.items()}
+    ensure_pools(set(chosen.values()))
     out = {}
-    for flow_name, (flow, pool) in found.items():
-        pool = (pools or {}).get(flow_name, pool)
+    for flow_name, (flow, _) in found.items():
+        pool = chosen[flow_name]
         out[f"{flow_name}/default"] = register(flow, pool)
         sched = (schedules or {}).get(flow_name)
         if sched is not None:
@@ -88,11 +124,16 @@ def register_all(schedules: dict[str, float | str] | None = None,
     return out
 
 
-def submit(deployment: str, parameters: dict[str, Any] | None = None) -> str:
-    """Create a flow run of ``deployment`` (``flow/name``) without waiting; returns the flow-run id."""
+def submit(deployment: str, parameters: dict[str, Any] | None = None,
+           job_variables: dict[str, Any] | None = None) -> str:
+    """Create a flow run of ``deployment`` (``flow/name``) without waiting; returns the flow-run id.
+
+    ``job_variables`` override the deployment's for this run, e.g. ``{"env": {"SEARCHLOOP_DISPATCH": "pool"}}``.
+    """
     from prefect.deployments import run_deployment
 
-    run = run_deployment(deployment, parameters=parameters or {}, timeout=0, as_subflow=False)
+    run = run_deployment(deployment, parameters=parameters or {}, timeout=0, as_subflow=False,
+                         job_variables=_with_base_env(job_variables) if job_variables else None)
     return str(run.id)
 
 

@@ -7,6 +7,7 @@ import time
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from flows.fanout import FanOutConfig, map_task
 from infra.config import StrictModel
 from infra.settings import get_settings
 from infra.tracking import stage_run
@@ -27,6 +28,9 @@ class EvaluateConfig(StrictModel):
     out_dir: str | None = Field(default=None, description="Output directory (default: <home>/runs/evaluate/<name>).")
     run_name: str = Field(default="evaluate", description="MLflow run name and output folder name.")
     experiment: str = Field(default="searchloop", description="MLflow experiment.")
+    parallel: FanOutConfig = Field(
+        default_factory=FanOutConfig, description="How the protocol x dataset tasks run: sequential, threads, ray."
+    )
 
 
 class EvaluateResult(BaseModel):
@@ -44,13 +48,14 @@ def evaluate(config: EvaluateConfig = EvaluateConfig()) -> EvaluateResult:  # no
     out = config.out_dir or str(get_settings().runs_dir / "evaluate" / f"{config.run_name}-{int(time.time())}")
     with stage_run(config.run_name, params=config.model_dump(mode="json"), experiment=config.experiment,
                    tags={"searchloop.flow": "evaluate"}) as run:
-        refs, protos = [], []
+        calls, protos = [], []
         for protocol in config.protocols:
             agent = config.agent.model_copy(update={"protocol": protocol})
             for dataset in config.datasets:
                 name = dataset.replace("/", "_").removesuffix(".jsonl")
-                refs.append(evaluate_dataset_task(agent, dataset, f"{out}/{protocol}/{name}"))
+                calls.append({"cfg": agent, "dataset": dataset, "out_dir": f"{out}/{protocol}/{name}"})
                 protos.append(protocol)
+        refs = map_task(evaluate_dataset_task, calls, config.parallel)
         details = {"model": config.agent.generator.model, "protocols": ", ".join(config.protocols),
                    "mlflow_run": run.info.run_id}
         summary = summarize_task(refs, protos, f"{out}/report", "searchloop agent evaluation", details)

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from prefect import task
 
+from tasks.dispatch import run_step
 from training.agent_eval import (
     AgentEvalConfig,
     DatasetEvalRef,
     EvalSummary,
-    evaluate_dataset,
     summarize_evaluations,
 )
 
 
-@task(name="evaluate-dataset", retries=2, retry_delay_seconds=5, timeout_seconds=4 * 3600, tags=["agent"],
+@task(name="evaluate-dataset", retries=2, retry_delay_seconds=5, timeout_seconds=4 * 3600, tags=["agent", "gpu"],
       task_run_name="evaluate-{cfg.protocol}-{dataset}")
 def evaluate_dataset_task(cfg: AgentEvalConfig, dataset: str, out_dir: str) -> DatasetEvalRef:
-    """Roll out and score one dataset (a finished directory is reused, so a retry redoes only what failed)."""
-    return evaluate_dataset(cfg, dataset, out_dir)
+    """Roll out and score one dataset (a finished directory is reused, so a retry redoes only what failed); runs
+    on the ``gpu`` pool with ``SEARCHLOOP_DISPATCH=pool`` (``tasks.dispatch``), in this process otherwise."""
+    return run_step("evaluate_dataset", cfg=cfg, dataset=dataset, out_dir=out_dir)
 
 
 @task(name="summarize-evaluation", retries=1)

@@ -22,6 +22,7 @@ from retrieval.encoders import EncoderConfig
 from retrieval.index import IndexBuildConfig, IndexPlan, IndexRef
 from retrieval.recall import RecallConfig, RecallReport
 from retrieval.store import ShardSpec
+from tasks.dispatch import run_step
 
 
 def shard_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
@@ -49,10 +50,11 @@ def plan_index(cfg: IndexBuildConfig, out_dir: str) -> IndexPlan:
 
 
 @task(name="embed_shard", retries=2, retry_delay_seconds=5, cache_key_fn=shard_cache_key, persist_result=True,
-      tags=["encoder"])
+      tags=["encoder", "gpu"])
 def embed_shard(store_dir: str, spec: ShardSpec, shards_dir: str, encoder: EncoderConfig) -> ShardRef:
-    """Embed one shard of passages to disk (skipped when its file is already there)."""
-    return dense.embed_shard(store_dir, spec, shards_dir, encoder)
+    """Embed one shard of passages to disk (skipped when its file is already there); runs on the ``gpu`` pool
+    with ``SEARCHLOOP_DISPATCH=pool`` (``tasks.dispatch``), in this process otherwise."""
+    return run_step("embed_shard", store_dir=store_dir, spec=spec, shards_dir=shards_dir, encoder=encoder)
 
 
 @task(name="finalize_index", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)

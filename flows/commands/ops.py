@@ -1,8 +1,10 @@
 """Ops commands: ``searchloop up | down | status`` (the local stack) and ``searchloop deploy register | run``.
 
 ``up`` starts the Prefect server (UI on 127.0.0.1:4200), the MLflow server (127.0.0.1:5000) and process workers,
-then registers a deployment for every flow. ``deploy run <flow>`` submits a run to the server and follows its
-logs. The API URL comes from ``PREFECT_API_URL`` or from the stack that ``up`` recorded.
+then registers a deployment for every flow; ``--dispatch pool`` makes flow runs send their GPU steps to the ``gpu``
+pool (``tasks.dispatch``), ``--gpu-worker`` starts a gpu-pool worker even without CUDA. ``deploy run <flow>``
+submits a run to the server and follows its logs. The API URL comes from ``PREFECT_API_URL`` or from the stack
+that ``up`` recorded.
 """
 
 from __future__ import annotations
@@ -30,6 +32,16 @@ def _parse_schedules(items: list[str]) -> dict[str, float | str]:
             out[name] = float(value)
         except ValueError:
             out[name] = value
+    return out
+
+
+def _parse_env(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--env {item!r} must be KEY=VALUE (e.g. SEARCHLOOP_DISPATCH=pool)")
+        out[key] = value
     return out
 
 
@@ -78,11 +90,22 @@ def register(app: typer.Typer) -> None:
         mlflow_port: int = typer.Option(5000, help="MLflow server port."),
         schedule: list[str] = typer.Option([], help="flow=SECONDS or flow=CRON: also a scheduled deployment."),
         deploy_flows: bool = typer.Option(True, "--deploy/--no-deploy", help="Register a deployment per flow."),
+        gpu_worker: bool = typer.Option(None, "--gpu-worker/--no-gpu-worker",
+                                        help="Start a gpu-pool worker (default: when CUDA is present)."),
+        dispatch: str = typer.Option("local", help="local: gpu steps run inside their flow; pool: flow runs started "
+                                     "by the workers send them to the gpu pool (gpu-step deployment)."),
     ) -> None:
         """Start the local stack (Prefect server + UI, MLflow server, workers) and register deployments."""
         from infra import stack
 
-        cfg = stack.default_config(prefect_port=prefect_port, mlflow_port=mlflow_port)
+        if dispatch not in {"local", "pool"}:
+            raise ConfigError(f"--dispatch {dispatch!r}: use local or pool")
+        overrides: dict[str, Any] = {"prefect_port": prefect_port, "mlflow_port": mlflow_port}
+        if gpu_worker is not None:
+            overrides["pools"] = ["cpu", "gpu"] if gpu_worker else ["cpu"]
+        if dispatch == "pool":
+            overrides["extra_env"] = {"SEARCHLOOP_DISPATCH": "pool"}
+        cfg = stack.default_config(**overrides)
         timings = stack.up(cfg)
         for name, seconds in timings.items():
             console.print(f"[green]up[/] {name} ({seconds:.1f} s)")
@@ -146,12 +169,14 @@ def register(app: typer.Typer) -> None:
         param: list[str] = typer.Option([], help="Flow parameter override key.sub=value, e.g. config.name=x."),
         follow: bool = typer.Option(True, "--follow/--no-follow", help="Stream logs until the run finishes."),
         timeout: float = typer.Option(3600, help="Seconds to follow before giving up."),
+        env: list[str] = typer.Option([], help="KEY=VALUE for this run's process, e.g. SEARCHLOOP_DISPATCH=pool."),
     ) -> None:
         """Submit a run of FLOW_NAME to the Prefect server (a worker executes it) and follow its logs."""
         from flows import deployments
 
+        job_vars = {"env": _parse_env(env)} if env else None
         with _prefect_api(_api_url()):
-            run_id = deployments.submit(f"{flow_name}/{deployment}", _params(param))
+            run_id = deployments.submit(f"{flow_name}/{deployment}", _params(param), job_variables=job_vars)
             console.print(f"submitted flow run {run_id}")
             if not follow:
                 return

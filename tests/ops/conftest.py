@@ -124,3 +124,13 @@ def retriever_service(tmp_path: Path):
     yield start
     for run_dir, name in started:
         proc.stop_service(run_dir, name)
+
+
+@pytest.fixture(scope="session")
+def gpu_worker(ops_stack: Stack) -> Iterator[proc.ServiceSpec]:
+    """A process worker on the ``gpu`` pool (what `searchloop up` starts with CUDA), for dispatched steps."""
+    spec = stack.worker_spec(ops_stack.cfg, "gpu")
+    proc.start_service(spec, ops_stack.cfg.run_dir)
+    stack.wait_worker_online(ops_stack.cfg, "gpu", timeout=90)
+    yield spec
+    proc.stop_service(ops_stack.cfg.run_dir, spec.name, timeout=5)

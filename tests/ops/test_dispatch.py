@@ -1,0 +1,105 @@
+"""GPU steps dispatched to the ``gpu`` work pool, against the real stack: a ``build_index`` run on the cpu worker
+sends each shard embedding to a process worker of the ``gpu`` pool (``SEARCHLOOP_DISPATCH=pool``). The step's
+process is killed (``kill -9``), then the whole gpu worker with its child; the worker is restarted as a supervisor
+would; the embed task retries and the flow completes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+from flows import deployments
+from infra import artifacts, proc, stack
+from tests.ops.conftest import MINI_CORPUS
+from tests.ops.helpers import flow_run, task_runs, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _step_runs(parent_id: str) -> list:
+    """``gpu-step`` flow runs dispatched from a parent flow run, oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[UUID(parent_id)])))
+    return sorted((r for r in runs if r.name.startswith("embed_shard-")), key=lambda r: r.created)
+
+
+def _running_step(parent_id: str, attempt: int):
+    """The ``attempt``-th dispatched step once its step task computes (its process id is recorded by then)."""
+    runs = _step_runs(parent_id)
+    if len(runs) < attempt or runs[attempt - 1].state.type.value != "RUNNING":
+        return None
+    run = runs[attempt - 1]
+    busy = any(t.state and t.state.type.value == "RUNNING" for t in task_runs(str(run.id)))
+    return run if busy and "searchloop.pid" in run.labels else None
+
+
+def _kill_when_busy(parent_id: str, attempt: int):
+    """Wait for the attempt's step to compute for a moment (not mid-request: SQLite-backed servers stall on a
+    client killed inside a write), then return it."""
+    run = wait_for(lambda: _running_step(parent_id, attempt), 120, f"dispatched step #{attempt} to run")
+    time.sleep(2)
+    return run
+
+
+def _small_corpus(path: Path, rows: int) -> Path:
+    path.write_bytes(b"".join(MINI_CORPUS.read_bytes().splitlines(keepends=True)[:rows]))
+    return path
+
+
+def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_stack, gpu_worker, tmp_path):
+    log: list[str] = []
+
+    def say(line: str) -> None:
+        log.append(line)
+        print(line, flush=True)
+
+    corpus = _small_corpus(tmp_path / "corpus.jsonl", 128)
+    params = {"cfg": {"name": "dispatch-kill", "output_dir": str(tmp_path / "index"), "evaluate": False,
+                      "index": {"corpus": str(corpus), "backend": "dense", "shard_size": 128,
+                                "encoder": {"max_length": 128}}}}
+    t0 = time.monotonic()
+    with ops_stack.client_env():
+        pool_env = {"env": {"SEARCHLOOP_DISPATCH": "pool"}}
+        run_id = deployments.submit("build_index/default", params, job_variables=pool_env)
+        say(f"parent flow run {run_id} submitted to build_index/default (cpu pool) with SEARCHLOOP_DISPATCH=pool")
+
+        # attempt 1: kill -9 the process executing the step; the gpu worker reports it Crashed
+        step = _kill_when_busy(run_id, 1)
+        pid = int(step.labels["searchloop.pid"])
+        os.kill(pid, signal.SIGKILL)
+        worker = step.labels["prefect.worker.name"]
+        say(f"{time.monotonic() - t0:5.1f}s kill -9 {pid}: step run {step.name} (worker {worker})")
+        first = wait_for(lambda: (r := flow_run(str(step.id))).state.is_final() and r, 60, "the killed step to end")
+        say(f"{time.monotonic() - t0:5.1f}s step run {first.name}: {first.state.name}: {first.state.message}")
+
+        # attempt 2 (the embed task's first retry): kill -9 the whole gpu worker with its child, restart it
+        step2 = _kill_when_busy(run_id, 2)
+        info = proc.read_info(ops_stack.cfg.run_dir, gpu_worker.name)
+        proc.kill_service(info)
+        say(f"{time.monotonic() - t0:5.1f}s kill -9 process group {info.pid}: gpu worker and step run {step2.name}")
+        second = wait_for(lambda: (r := flow_run(str(step2.id))).state.is_final() and r, 60, "the orphaned step to end")
+        say(f"{time.monotonic() - t0:5.1f}s step run {second.name}: {second.state.name}: {second.state.message}")
+        proc.start_service(gpu_worker, ops_stack.cfg.run_dir)  # the supervisor restarts the worker
+        stack.wait_worker_online(ops_stack.cfg, "gpu", timeout=60)
+        say(f"{time.monotonic() - t0:5.1f}s gpu worker restarted")
+
+        final = deployments.follow(run_id, timeout=180, on_log=lambda line: say(f"  | {line}"))
+        steps = _step_runs(run_id)
+        embed = [t for t in task_runs(run_id) if t.name.startswith("embed_shard")]
+    say(f"{time.monotonic() - t0:5.1f}s parent {final}; step runs: {[(r.name, r.state.name) for r in steps]}; "
+        f"embed_shard run_count={embed[0].run_count}")
+    assert final == "COMPLETED"
+    assert [r.state.type.value for r in steps] == ["CRASHED", "CRASHED", "COMPLETED"]
+    assert "status code -9" in steps[0].state.message and "is gone" in steps[1].state.message
+    assert len(embed) == 1 and embed[0].state.is_completed() and embed[0].run_count == 3
+    manifest = artifacts.read_manifest(tmp_path / "index")
+    assert manifest["ref"]["n_passages"] == 128 and manifest["ref"]["backend"] == "dense"

@@ -1,0 +1,136 @@
+"""Fast tests of the dispatch and fan-out building blocks (no server): step table, JSON round trip of pydantic
+refs, mode selection, in-process default, task runner choice, sequential fan-out."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flows.fanout import FanOutConfig, make_task_runner, task_gpus
+from infra.errors import ConfigError
+from retrieval.encoders import EncoderConfig
+from retrieval.store import ShardSpec
+from tasks import dispatch
+
+
+def test_encode_decode_roundtrip_keeps_pydantic_refs():
+    spec = ShardSpec.model_validate({"index": 0, "start": 0, "stop": 64, "content_hash": "ab" * 32})
+    kwargs = {"store_dir": Path("/x/store"), "spec": spec, "encoder": EncoderConfig(max_length=64), "k": [1, 2]}
+    wire = dispatch.encode(kwargs)
+    assert wire["store_dir"] == "/x/store" and wire["spec"]["__model__"] == "retrieval.store:ShardSpec"
+    back = dispatch.decode(wire)
+    assert back["spec"] == spec and back["encoder"] == EncoderConfig(max_length=64) and back["k"] == [1, 2]
+
+
+def test_decode_refuses_classes_outside_our_packages():
+    with pytest.raises(ConfigError, match="refusing to rebuild 'os:system'"):
+        dispatch.decode({"__model__": "os:system", "data": {}})
+    with pytest.raises(ConfigError, match="is not a pydantic model"):
+        dispatch.decode({"__model__": "infra.errors:ConfigError", "data": {}})
+
+
+def test_unknown_step_is_refused_with_the_known_names():
+    with pytest.raises(ConfigError, match=r"unknown step 'rm_rf'; known steps: \['embed_shard', 'evaluate_dataset'\]"):
+        dispatch.resolve_step("rm_rf")
+
+
+def test_dispatch_mode_defaults_local_and_validates(monkeypatch):
+    monkeypatch.delenv(dispatch.DISPATCH_ENV, raising=False)
+    assert dispatch.dispatch_mode() == "local"
+    monkeypatch.setenv(dispatch.DISPATCH_ENV, "gpu")
+    with pytest.raises(ConfigError, match="use 'local' \\(default\\) or 'pool'"):
+        dispatch.dispatch_mode()
+    monkeypatch.setenv(dispatch.DISPATCH_ENV, "pool")
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: None}), pytest.raises(ConfigError, match="needs a Prefect"):
+        dispatch.dispatch_mode()
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:1/api"}):
+        assert dispatch.dispatch_mode() == "pool"
+
+
+PROBE_CALLS: list[dict] = []
+
+
+def _probe(**kwargs) -> str:
+    PROBE_CALLS.append(kwargs)
+    return "done"
+
+
+def test_run_step_local_calls_the_library_function(monkeypatch):
+    monkeypatch.delenv(dispatch.DISPATCH_ENV, raising=False)
+    monkeypatch.setitem(dispatch.STEPS, "probe", f"{__name__}:_probe")
+    assert dispatch.run_step("probe", a=1) == "done" and PROBE_CALLS == [{"a": 1}]
+
+
+def test_process_gone_only_for_dead_processes_on_this_host():
+    import socket
+
+    here = socket.gethostname()
+    assert not dispatch._process_gone({dispatch.HOST_LABEL: here, dispatch.PID_LABEL: str(os.getpid())})
+    assert not dispatch._process_gone({dispatch.HOST_LABEL: "elsewhere", dispatch.PID_LABEL: "1"})
+    assert not dispatch._process_gone({})
+    child = subprocess.Popen(["true"])  # noqa: S607
+    child.wait()
+    assert dispatch._process_gone({dispatch.HOST_LABEL: here, dispatch.PID_LABEL: str(child.pid)})
+
+
+def test_fan_out_runner_choice_and_gpu_default():
+    assert type(make_task_runner(FanOutConfig(task_runner="threads", max_workers=3))).__name__ == "ThreadPoolTaskRunner"
+    with pytest.raises(ConfigError, match="runs in the flow itself"):
+        make_task_runner(FanOutConfig())
+    assert task_gpus(FanOutConfig(num_gpus=0.5)) == 0.5
+    from infra.stack import cuda_device_count
+
+    assert task_gpus(FanOutConfig()) == (1.0 if cuda_device_count() else 0.0)
+
+
+def test_sequential_fan_out_calls_in_order(prefect_harness):
+    from prefect import flow, task
+
+    from flows.fanout import map_task
+
+    @task
+    def double(x: int) -> int:
+        return 2 * x
+
+    @flow
+    def parent(mode: str) -> list[int]:
+        return map_task(double, [{"x": i} for i in range(4)], FanOutConfig(task_runner=mode))
+
+    assert parent("sequential") == [0, 2, 4, 6]
+    assert parent("threads") == [0, 2, 4, 6]
+
+
+def test_silent_step_is_declared_dead_after_the_stale_period():
+    from datetime import datetime, timedelta, timezone
+    from types import SimpleNamespace
+
+    now = datetime.now(timezone.utc)
+
+    class Events:  # the shape of the Prefect client's read_events answer
+        def __init__(self, times):
+            self.times = times
+
+        def read_events(self, flt, limit):
+            assert flt.event.name == ["prefect.flow-run.heartbeat"] and limit == 1
+            return SimpleNamespace(events=[SimpleNamespace(occurred=t) for t in self.times])
+
+    run = SimpleNamespace(id="r1", labels={}, start_time=now - timedelta(seconds=900), expected_start_time=None)
+    assert re.match(r"no heartbeat for 9\d\d s \(> 540 s\)", dispatch._dead_reason(Events([]), run, stale_after=540))
+    assert dispatch._dead_reason(Events([now - timedelta(seconds=60)]), run, stale_after=540) is None
+    assert dispatch._dead_reason(Events([]), run, stale_after=540, check_heartbeat=False) is None
+
+
+def test_stale_after_defaults_to_three_heartbeats(monkeypatch):
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    monkeypatch.delenv(dispatch.STALE_ENV, raising=False)
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
+        assert dispatch.stale_after_seconds() == 90
+    monkeypatch.setenv(dispatch.STALE_ENV, "12.5")
+    assert dispatch.stale_after_seconds() == 12.5
