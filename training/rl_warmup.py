@@ -138,8 +138,9 @@ def train_rl_warmup(cfg: Any, out_uri: str, mlflow_run_id: str | None = None) ->
         raise ConfigError(f"no warm-up trajectory of protocol {cfg.protocol!r} passed its validator "
                           f"(stats: {data['stats']}); check init.warmup sources")
     sft_dir = Path(artifacts.local_path(artifacts.join(out_uri, "sft")))
+    # run_name: the engine renames the MLflow child run to it, so it must stay the child run's name
     ref = train_sft_tokenized(cfg.init.warmup.sft, data["data"], resolve_model(cfg.model), sft_dir,
-                              mlflow_run_id=mlflow_run_id, run_name=f"{cfg.name}-warmup")
+                              mlflow_run_id=mlflow_run_id, run_name="warmup")
     return WarmupRef(uri=ref.path, data=data["data"], n_rows=data["n"], n_trained=ref.n_examples,
                      stats=data["stats"], train_loss=ref.train_loss)
 
