@@ -1,8 +1,11 @@
 """``retrain`` flow: scheduled retraining triggered by corpus changes.
 
-check corpus hash -> (unchanged: fast no-op that says so) -> per-passage diff (added / changed / deleted) -> build
-the index of the updated corpus (``retrieval.index``: any backend; BM25 statistics are corpus-wide, so the index is
-rebuilt; a dense build resumes from finished shards) -> recall of candidate vs incumbent (the live retriever when
+check corpus hash -> (unchanged: fast no-op that says so) -> per-passage diff (added / changed / deleted) -> refresh
+the index: with ``refresh: incremental`` (default) and a previous index, ``retrieval.update`` writes a new index from
+it, encoding only new/changed passages and reusing every unchanged vector (faiss flat and ColBERT Voyager updated in
+place, HNSW/IVF-PQ rebuilt from the stored vectors, BM25 rebuilt: its statistics are corpus-wide); with
+``refresh: full`` or no previous index, a full build (``retrieval.index``; a dense build resumes from finished
+shards) -> recall of candidate vs incumbent (the live retriever when
 ``retriever_url`` is set, else the previous champion index) -> promotion gate -> (hook) retrain the model from the
 current ``champion`` -> one MLflow run + a markdown artifact on the flow run saying why -> commit the corpus state
 (last: if anything before fails, e.g. MLflow is down, the next run redoes only what has no manifest).
@@ -23,9 +26,9 @@ from evaluation.gate import recall_gate_value
 from infra import artifacts
 from infra.config import StrictModel
 from infra.settings import get_settings
-from retrieval.index import IndexBuildConfig, resolve_data_path
+from retrieval.index import IndexBuildConfig, IndexRef, resolve_data_path
 from retrieval.recall import RecallConfig, RecallReport
-from tasks import ops
+from tasks import index_update, ops
 
 # trainer -> (module, flow function, override pointing the trainer's retriever at the new corpus)
 TRAINERS = {
@@ -44,6 +47,10 @@ class RetrainConfig(StrictModel):
     state_root: str | None = Field(default=None, description="Where watch state and indexes live (default home).")
     index: IndexBuildConfig | None = Field(
         default=None, description="Index build settings (backend, encoder...); its corpus is replaced by `corpus`."
+    )
+    refresh: Literal["incremental", "full"] = Field(
+        default="incremental", description="incremental: update the previous index (encode only new/changed "
+        "passages, reuse the rest); full: rebuild the index from scratch."
     )
     evaluation: RecallConfig = Field(
         default_factory=lambda: RecallConfig(ks=[5]), description="Eval files and cut-offs for the recall gate."
@@ -69,6 +76,7 @@ class RetrainResult(StrictModel):
     corpus_sha256: str = Field(description="Hash of the corpus that was checked.")
     index_dir: str | None = Field(default=None, description="Index built in this run.")
     index_reused: bool = Field(default=False, description="True when a finished index was found and not rebuilt.")
+    refresh: dict = Field(default_factory=dict, description="How the index was refreshed: method, counts, how, why.")
     mlflow_run_id: str | None = Field(default=None, description="MLflow run with the decision.")
 
 
@@ -116,7 +124,8 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: 
     log.info("corpus changed (%s -> %s): %s", (check.previous_sha256 or "none")[:12], check.sha256[:12], diff.counts())
     index_dir = artifacts.join(state_dir, "indexes", check.sha256[:16])
     build_cfg = (config.index or IndexBuildConfig(corpus=config.corpus)).model_copy(update={"corpus": config.corpus})
-    ref = ops.build_index(build_cfg, index_dir)
+    ref, refresh = _refresh_index(config, build_cfg, check.previous_index, index_dir)
+    log.info("index refresh: %s", refresh)
     report = ops.evaluate_index(index_dir, config.evaluation)
     incumbent_report = _incumbent(config, check.previous_index)
     candidate = recall_gate_value(report, config.top_k)
@@ -125,15 +134,16 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: 
     model_note = _model_hook(config) if decision.promote else "model retraining skipped: gate rejected"
     champion = index_dir if decision.promote else check.previous_index
     record = {"corpus": config.corpus, "sha256": check.sha256, "diff": diff.counts(), "index_dir": index_dir,
-              "index_reused": ref.reused, "decision": decision.model_dump(), "champion_index": champion,
-              "model": model_note}
+              "index_reused": ref.reused, "refresh": refresh, "decision": decision.model_dump(),
+              "champion_index": champion, "model": model_note}
     run_id = ops.log_to_mlflow(
         f"retrain-{config.name}", config.experiment, params=config.model_dump(mode="json"),
         metrics={**{f"diff_{k}": v for k, v in diff.counts().items()}, "candidate_recall": candidate,
                  **({"incumbent_recall": incumbent} if incumbent is not None else {}),
                  "promoted": float(decision.promote), "n_passages": ref.n_passages, "index_reused": float(ref.reused),
-                 **{f"time.{k}": v for k, v in ref.timings.items()}, **report.metrics()},
+                 **{f"time.{k}": v for k, v in ref.timings.items()}, **report.metrics(), **_refresh_metrics(refresh)},
         tags={"decision": "promoted" if decision.promote else "rejected", "reason": decision.reason[:500],
+              "refresh": refresh["method"], "refresh_how": refresh.get("how", "")[:500],
               "model": model_note[:500], "backend": ref.backend, **ops.flow_run_info()},
         record=record,
     )
@@ -143,11 +153,34 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: 
     ops.commit_state(state_dir, check, config.corpus, index_dir, {"champion_index": champion, "mlflow_run_id": run_id})
     log.info(msg)
     return RetrainResult(status=status, message=msg, corpus_sha256=check.sha256, index_dir=index_dir,
-                         index_reused=ref.reused, mlflow_run_id=run_id)
+                         index_reused=ref.reused, mlflow_run_id=run_id, refresh=refresh)
+
+
+def _refresh_index(cfg: RetrainConfig, build_cfg: IndexBuildConfig, previous: str | None,
+                   index_dir: str) -> tuple[IndexRef, dict]:
+    """Incremental update from the previous index when configured and possible, else a full build."""
+    if cfg.refresh == "incremental" and previous and artifacts.read_manifest(previous) is not None:
+        upd = index_update.update_index(build_cfg, previous, index_dir)
+        return upd.ref, upd.record()
+    why = "refresh=full" if cfg.refresh == "full" else "no previous index"
+    ref = ops.build_index(build_cfg, index_dir)
+    return ref, {"method": "full", "reason": why, "how": f"{ref.backend}: full build", "previous": previous or "",
+                 "counts": {"encoded": 0 if ref.reused or ref.backend == "bm25" else ref.n_passages,
+                            "total": ref.n_passages}}
+
+
+def _refresh_metrics(refresh: dict) -> dict[str, float]:
+    counts = {f"refresh_{k}": float(v) for k, v in refresh.get("counts", {}).items()}
+    return {**counts, "refresh_incremental": float(refresh["method"] == "incremental")}
 
 
 def _markdown(record: dict, msg: str) -> str:
-    diff = record["diff"]
+    diff, refresh = record["diff"], record["refresh"]
+    c = refresh.get("counts", {})
     return (f"## Scheduled retraining\n\n**{msg}**\n\n| added | changed | deleted | unchanged | total |\n"
             f"|---|---|---|---|---|\n| {diff['added']} | {diff['changed']} | {diff['deleted']} | "
-            f"{diff['unchanged']} | {diff['total']} |\n\nIndex: `{record['index_dir']}`\n")
+            f"{diff['unchanged']} | {diff['total']} |\n\n"
+            f"### Index refresh: {refresh['method']}{' (' + refresh['reason'] + ')' if refresh.get('reason') else ''}"
+            f"\n\n{refresh.get('how', '')}\n\n| passages | reused | encoded |\n|---|---|---|\n"
+            f"| {c.get('total', '')} | {c.get('reused', 0)} | {c.get('encoded', '')} |\n\n"
+            f"Index: `{record['index_dir']}`\n")

@@ -1,9 +1,12 @@
-"""RL fine-tuning flow: prepare data -> (difficulty bucketing) -> train stage(s) -> evaluate -> register.
+"""RL fine-tuning flow: prepare data -> (warm-up SFT) -> (difficulty bucketing) -> train stage(s) -> evaluate ->
+register.
 
-Composition only (tasks in ``tasks.rl``). The engine comes from the preset (``trl`` on one machine, ``verl`` on GPU
-workers); R1-Searcher's two stages are two chained ``rl-train-stage`` task runs, the second starting from the
-first's checkpoint. Re-running the same preset + overrides reuses the experiment directory: prepared data comes from
-the task cache, finished stages from their manifests, and an interrupted stage resumes from its newest checkpoint.
+Composition only (tasks in ``tasks.rl``). With ``init.warmup`` the initial policy is a warm-up SFT of ``model`` on
+trajectories of the preset's protocol (``training.rl_warmup``); every later step starts from it. The engine comes
+from the preset (``trl`` on one machine, ``verl`` on GPU workers); R1-Searcher's two stages are two chained
+``rl-train-stage`` task runs, the second starting from the first's checkpoint. Re-running the same preset +
+overrides reuses the experiment directory: prepared data comes from the task cache, the warm-up and finished stages
+from their manifests, and an interrupted stage resumes from its newest checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tasks.rl import (
     prepare_data_task,
     register_task,
     train_stage_task,
+    warmup_task,
 )
 from training.rl import CheckpointRef, experiment_root
 from training.rl_config import RLConfig
@@ -44,9 +48,14 @@ def rl_finetune(preset: str, overrides: list[str] | None = None) -> RLResult:
     run_id = open_run_task(cfg)
     logger.info("rl_finetune %s (engine %s) in %s, MLflow run %s", cfg.name, cfg.engine, root, run_id)
     data = prepare_data_task(cfg, artifacts.join(root, "data"))
-    if cfg.difficulty is not None:
-        data = bucket_data_task(cfg, data, cfg.model, artifacts.join(root, "data_bucketed"), run_id)
     model, ckpts = cfg.model, []
+    if cfg.init.warmup is not None:
+        warm = warmup_task(cfg, artifacts.join(root, "warmup"), run_id)
+        logger.info("warm-up SFT: %d of %d valid %s trajectories trained -> %s", warm.n_trained, warm.n_rows,
+                    cfg.protocol, warm.uri)
+        model = warm.uri
+    if cfg.difficulty is not None:
+        data = bucket_data_task(cfg, data, model, artifacts.join(root, "data_bucketed"), run_id)
     for i, stage in enumerate(cfg.stages):
         ckpt = train_stage_task(cfg, i, data, model, artifacts.join(root, stage.name), run_id)
         logger.info("stage %s: %d steps -> %s", stage.name, ckpt.steps, ckpt.uri)

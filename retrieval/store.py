@@ -75,6 +75,17 @@ def write_store(
         split_words: split documents longer than this many words (None keeps them whole).
         limit: keep only the first ``limit`` passages (for quick builds and benchmarks).
     """
+    return write_passages(_passages(corpus, split_words, limit), out_dir, shard_size)
+
+
+def corpus_passages(corpus: str | os.PathLike[str], split_words: int | None = None,
+                    limit: int | None = None) -> Iterator[Passage]:
+    """The passages :func:`write_store` would store for these arguments, in order (streamed)."""
+    return _passages(corpus, split_words, limit)
+
+
+def write_passages(passages: Iterable[Passage], out_dir: str | os.PathLike[str], shard_size: int) -> StoreInfo:
+    """Write ``passages`` (in the given order) as a store in ``out_dir`` and plan shards of ``shard_size`` rows."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     offsets: list[int] = [0]
@@ -83,7 +94,7 @@ def write_store(
     start = 0
     source_ids: set[str] = set()
     with atomic_open(out / PASSAGES, "wb") as fh:
-        for i, p in enumerate(_passages(corpus, split_words, limit)):
+        for i, p in enumerate(passages):
             line = orjson.dumps(p.model_dump()) + b"\n"
             fh.write(line)
             offsets.append(offsets[-1] + len(line))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import INPUTS
 
-from training import rl
+from training import rl, rl_warmup
 from training.health import TrainingHealthError
 from training.rl_config import RLConfig
 from training.rl_data import RLDataRef
@@ -30,6 +30,15 @@ def open_run_task(cfg: RLConfig) -> str:
 def prepare_data_task(cfg: RLConfig, out_uri: str) -> RLDataRef:
     """verl/TRL parquet files from the preset's question sets."""
     return rl.prepare_data(cfg, out_uri)
+
+
+@task(name="rl-warmup", tags=["gpu"], retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
+def warmup_task(cfg: RLConfig, out_uri: str, parent_run: str) -> rl_warmup.WarmupRef:
+    """Warm-up data for the preset's protocol + masked SFT -> merged HF folder (skipped when already complete)."""
+    with rl.child_run(parent_run, "warmup") as run:
+        ref = rl_warmup.train_rl_warmup(cfg, out_uri, mlflow_run_id=run.info.run_id)
+        rl_warmup.log_warmup(ref)
+        return ref
 
 
 @task(name="rl-difficulty", tags=["gpu"], retries=1, timeout_seconds=4 * 3600)

@@ -54,10 +54,16 @@ def make_searcher(spec: RetrievalSpec) -> Any:
 
 
 def experiment_root(cfg: RLConfig) -> str:
-    """The experiment directory: same preset + overrides -> same directory, so a re-run resumes."""
+    """The experiment directory: same preset + overrides -> same directory, so a re-run resumes.
+
+    The warm-up SFT's ``timeout_s`` is left out of the key, so a re-run may raise it and still reuse the directory.
+    """
     from infra.settings import get_settings
 
-    return str(get_settings().runs_dir / "rl" / f"{cfg.name}-{config_hash(cfg)[:10]}")
+    data = cfg.model_dump(mode="json")
+    if data["init"].get("warmup"):
+        data["init"]["warmup"]["sft"].pop("timeout_s", None)
+    return str(get_settings().runs_dir / "rl" / f"{cfg.name}-{config_hash(data)[:10]}")
 
 
 def finished_stage(out_uri: str) -> CheckpointRef | None:

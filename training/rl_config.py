@@ -16,6 +16,7 @@ from infra.config import StrictModel
 from infra.settings import REPO_ROOT, get_settings
 from training.health import HealthConfig
 from training.rl_data import DifficultyConfig
+from training.rl_warmup import InitSpec
 from training.trl_search import TRLSearchConfig
 from training.verl_config import VerlConfig
 
@@ -69,6 +70,8 @@ class RLConfig(StrictModel):
     name: str = Field(description="Experiment/preset name (MLflow run name prefix, registered model name).")
     engine: Literal["trl", "verl"] = Field(description="trl: one machine; verl: GPU workers (subprocess).")
     model: str = Field(description="Initial policy: HF folder, or a name under the model cache.")
+    init: InitSpec = Field(
+        default_factory=InitSpec, description="Steps that make the initial policy from `model` (warm-up SFT).")
     protocol: str = Field(description="Tag protocol (research, searchr1, r1searcher, smartsearch, exsearch).")
     template: Literal["instruct", "base"] = Field(default="instruct", description="Prompt template kind.")
     data: DataSpec = Field(description="Question sets.")

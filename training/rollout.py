@@ -7,8 +7,10 @@
 3. all queries of the step go to the retriever in ONE ``searcher.search(queries, k)`` call;
 4. the protocol inserts the documents (its own format) and the loop resumes; finished ones drop out.
 
-Continuation after an insertion re-runs the prefix (prefill) rather than keeping per-row KV caches across the
-retriever call; ``benchmarks/rollout.py`` measures what that costs against plain generation.
+Continuation after an insertion reuses what the model has already seen when the generator keeps a prefix KV
+cache (the transformers backend does: ``training.kv_prefix``; vLLM has its own prefix caching), so only the
+inserted documents are prefilled; the cache is reset at the start and end of each call, so it never outlives
+the weights it was computed with. ``benchmarks/rollout.py`` measures the cost against plain generation.
 
 Masks: every response piece is recorded as generated or inserted at insertion time; the final text is tokenized
 once with the offset mapping and a token is trainable (1) when all its characters are generated.
@@ -143,6 +145,20 @@ def run_rollouts(
     if isinstance(protocol, str):
         protocol = load_protocol(protocol, top_k=cfg.top_k, max_turns=cfg.max_turns)
     tok = tokenizer if tokenizer is not None else getattr(generator, "tokenizer", None)
+    reset = getattr(generator, "reset_prefix_cache", None)  # a KV prefix cache never outlives these weights
+    if reset is not None:
+        reset()
+    try:
+        return _rollout_loop(questions, protocol, generator, searcher, cfg, tok)
+    finally:
+        if reset is not None:
+            reset()
+
+
+def _rollout_loop(
+    questions: list[Question], protocol: SearchProtocol, generator: Generator, searcher: Searcher,
+    cfg: RolloutConfig, tok: Any | None,
+) -> list[Trajectory]:
     t0 = time.perf_counter()
     states = [protocol.start(q, tok, sample=j) for q in questions for j in range(cfg.n)]
     timing = [{"generate": 0.0, "search": 0.0, "total": 0.0} for _ in states]

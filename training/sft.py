@@ -7,6 +7,14 @@ assistant after an optional leading system turn. LLaMA-Factory supervises **ever
 off) and masks system, user and observation turns from the loss (labels -100). ExSearch's retrieved documents sit
 in user turns (``<SEARCH> ...``), so they are masked, as in the seed.
 
+Pre-tokenized data (``train_sft_tokenized``): rows with ``input_ids`` and ``labels`` (``-100`` on every token that is
+not entirely model-generated), rendered by the rollout engine for single-stream protocols (ReSearch, Search-R1,
+R1-Searcher, SmartSearch; ``training.warmup_protocols``). Their documents sit *inside* the assistant's text, so
+LLaMA-Factory's role turns could not reproduce the rollout text (an ``observation`` turn adds its own template
+tokens); instead the rows are saved as a ``datasets`` folder and passed as ``tokenized_path``, which LLaMA-Factory
+loads without re-tokenizing, and the run goes through ``training.lf_weighted`` (its SFT workflow, our trainer with
+every weight 1). Train and rollout text are then byte-identical and the masks are the rollout's own.
+
 The engine runs as a subprocess: ``llamafactory-cli train run.yaml`` for plain SFT (warm-up) or
 ``python -m training.lf_weighted run.yaml`` for the weighted M-step (``torchrun`` when ``nproc_per_node > 1``).
 Its environment carries ``MLFLOW_TRACKING_URI``/``MLFLOW_RUN_ID`` so ``report_to: mlflow`` logs into our stage run,
@@ -37,6 +45,7 @@ log = logging.getLogger(__name__)
 
 STUB_DIR = Path(__file__).resolve().parent / "_stubs"
 DATASET_NAME = "searchloop_train"
+IGNORE_INDEX = -100
 
 
 class SFTConfig(StrictModel):
@@ -207,6 +216,71 @@ def train_sft(
     Returns:
         CheckpointRef of ``out_dir/model``.
     """
+    def write_data(data_dir: Path) -> tuple[int, dict[str, Any]]:
+        rows = artifacts.read_jsonl(data_path)
+        if not rows:
+            raise ArtifactError(f"{data_path} holds no training examples; the selection step kept nothing")
+        artifacts.write_jsonl(data_dir / "train.jsonl", rows)
+        return len(rows), {}
+
+    return _run_training(cfg, write_data, base_model, out_dir, weight_mode, mlflow_run_id, run_name)
+
+
+def write_tokenized_dataset(rows: list[dict[str, Any]], path: str | Path, cutoff_len: int) -> dict[str, int]:
+    """Save ``input_ids``/``labels`` rows as a ``datasets`` folder LLaMA-Factory loads via ``tokenized_path``.
+
+    Rows longer than ``cutoff_len`` are dropped, not truncated (a truncated warm-up trajectory would lose its
+    answer), as are rows with no supervised token. Every row gets ``weight`` 1 (the weighted collator's column).
+    Returns ``{"kept", "over_cutoff", "no_labels"}``.
+    """
+    from datasets import Dataset
+
+    keep, over, empty = [], 0, 0
+    for r in rows:
+        if len(r["input_ids"]) != len(r["labels"]):
+            raise ArtifactError(f"row {r.get('question_id')}: {len(r['input_ids'])} input_ids vs "
+                                f"{len(r['labels'])} labels; rebuild the data with training.warmup_protocols")
+        if len(r["input_ids"]) > cutoff_len:
+            over += 1
+        elif all(lab == IGNORE_INDEX for lab in r["labels"]):
+            empty += 1
+        else:
+            keep.append(r)
+    if not keep:
+        raise ArtifactError(f"no tokenized example fits cutoff_len={cutoff_len} ({over} longer, {empty} without "
+                            "supervised tokens); raise sft.cutoff_len or shorten the trajectories (fewer documents)")
+    Dataset.from_dict({
+        "input_ids": [r["input_ids"] for r in keep], "attention_mask": [[1] * len(r["input_ids"]) for r in keep],
+        "labels": [r["labels"] for r in keep], "weight": [float(r.get("weight", 1.0)) for r in keep],
+        "prob": [float("nan")] * len(keep),
+    }).save_to_disk(str(path))
+    return {"kept": len(keep), "over_cutoff": over, "no_labels": empty}
+
+
+def train_sft_tokenized(
+    cfg: SFTConfig, data_path: str | Path, base_model: str, out_dir: str | Path,
+    mlflow_run_id: str | None = None, run_name: str = "sft",
+) -> CheckpointRef:
+    """SFT on pre-tokenized rows (``input_ids``, ``labels`` with -100 on inserted text) through LLaMA-Factory's
+    SFT workflow with our trainer (``training.lf_weighted``, every weight 1); skip if already complete.
+
+    The rows come from the rollout engine (``training.warmup_protocols``), so the trained text is byte-identical to
+    what a rollout of the protocol produces and the documents are masked token by token; LLaMA-Factory's own
+    tokenization (chat template, role turns) is bypassed with ``tokenized_path``. Returns ``out_dir/model``.
+    """
+    def write_data(data_dir: Path) -> tuple[int, dict[str, Any]]:
+        rows = artifacts.read_jsonl(data_path)
+        counts = write_tokenized_dataset(rows, data_dir / "tokenized", cfg.cutoff_len)
+        log.info("tokenized SFT data: %s", counts)
+        return counts["kept"], {"tokenized_path": str(data_dir / "tokenized")}
+
+    return _run_training(cfg, write_data, base_model, out_dir, "precomputed", mlflow_run_id, run_name)
+
+
+def _run_training(
+    cfg: SFTConfig, write_data: Any, base_model: str, out_dir: str | Path, weight_mode: str | None,
+    mlflow_run_id: str | None, run_name: str,
+) -> CheckpointRef:
     out = Path(out_dir)
     done = artifacts.read_manifest(out)
     if done is not None:
@@ -216,16 +290,13 @@ def train_sft(
         shutil.rmtree(out)  # a half-written attempt: redo from scratch
     data_dir, engine_dir = out / "data", out / "engine"
     data_dir.mkdir(parents=True)
-    rows = artifacts.read_jsonl(data_path)
-    if not rows:
-        raise ArtifactError(f"{data_path} holds no training examples; the selection step kept nothing")
-    artifacts.write_jsonl(data_dir / "train.jsonl", rows)
+    n_rows, extra_args = write_data(data_dir)
     artifacts.write_json(data_dir / "dataset_info.json", render_dataset_info("train.jsonl"))
     ds_path = None
     if cfg.deepspeed != "none":
         ds_path = str(out / "deepspeed.json")
         artifacts.write_json(ds_path, deepspeed_config(cfg.deepspeed))
-    args = render_train_args(cfg, base_model, str(data_dir), str(engine_dir), run_name, ds_path)
+    args = render_train_args(cfg, base_model, str(data_dir), str(engine_dir), run_name, ds_path) | extra_args
     yaml_path = out / "train.yaml"
     artifacts.write_text(yaml_path, _dump_yaml(args))
     _run_engine(engine_command(yaml_path, cfg, weight_mode), engine_environment(mlflow_run_id), out, cfg.timeout_s)
@@ -238,7 +309,7 @@ def train_sft(
     artifacts.write_jsonl(out / "loss_curve.jsonl", curve)
     losses = [r["loss"] for r in curve if r.get("loss") is not None]
     ref = CheckpointRef(path=str(model_dir), base_model=base_model, train_loss=losses[-1] if losses else None,
-                        n_examples=len(rows), config_hash=config_hash(cfg))
+                        n_examples=n_rows, config_hash=config_hash(cfg))
     artifacts.write_manifest(out, stage="train_sft", checkpoint=ref.model_dump(), weight_mode=weight_mode,
                              engine_args=args)
     return ref

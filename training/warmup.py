@@ -15,6 +15,8 @@ own validator (``training.protocols.exsearch.validate_messages``) and only passi
    valid and F1 >= ``min_f1``.
 
 Output rows: ``{"messages": [...], "question_id", "source"}``, the format ``training.sft`` trains on.
+``decomposition_episodes`` and ``fireact_episode`` are the protocol-independent parts of sources 1 and 2;
+``training.warmup_protocols`` renders them in any protocol through the rollout engine.
 """
 
 from __future__ import annotations
@@ -115,11 +117,15 @@ def _support_id(q: Question, idx: int | None) -> str | None:
     return ctx[idx] if idx is not None and idx < len(ctx) else None
 
 
-def from_decompositions(
+def decomposition_episodes(
     questions: Iterable[Question], searcher: Searcher, passages: dict[str, Passage], top_k: int = 3
-) -> tuple[list[dict[str, Any]], WarmupStats]:
-    """Source 1 (see module docstring). ``passages`` maps corpus ids to passages (for gold paragraphs)."""
-    rows, skipped, built, injected, n = [], Counter(), 0, 0, 0
+) -> tuple[list[tuple[Question, list[tuple[str, str, list[Hit]]]]], Counter, int, int]:
+    """(question, [(sub-query, fact, documents)]) per usable question, plus skip reasons, gold injections, count.
+
+    The protocol-independent part of source 1: sub-queries and facts from the decomposition, documents from
+    ``searcher`` (top ``top_k``; the step's gold paragraph replaces the last hit when it was not retrieved).
+    """
+    out, skipped, injected, n = [], Counter(), 0, 0
     for q in questions:
         n += 1
         steps = decomposition_steps(q, passages)
@@ -135,21 +141,31 @@ def from_decompositions(
                 hits = [*hits[: top_k - 1], Hit(id=p.id, title=p.title, text=p.text, score=0.0)]
                 injected += 1
             full_steps.append((query, fact, hits))
+        out.append((q, full_steps))
+    return out, skipped, injected, n
+
+
+def from_decompositions(
+    questions: Iterable[Question], searcher: Searcher, passages: dict[str, Passage], top_k: int = 3
+) -> tuple[list[dict[str, Any]], WarmupStats]:
+    """Source 1 (see module docstring). ``passages`` maps corpus ids to passages (for gold paragraphs)."""
+    episodes, skipped, injected, n = decomposition_episodes(questions, searcher, passages, top_k)
+    rows = []
+    for q, full_steps in episodes:
         messages = build_chat(q.question, full_steps, q.golden_answers[0])
-        built += 1
         if validate_messages(messages).ok:
             rows.append({"messages": messages, "question_id": q.id, "source": f"decomposition:{q.dataset}"})
         else:
             skipped["invalid_format"] += 1
-    return rows, WarmupStats(source="decompositions", candidates=n, built=built, valid=len(rows),
+    return rows, WarmupStats(source="decompositions", candidates=n, built=len(episodes), valid=len(rows),
                              skipped=dict(skipped), gold_injected=injected)
 
 
 _ACTION = re.compile(r"Action:\s*(search|lookup|finish)\[(.*)\]\s*$", re.S)
 
 
-def fireact_chat(messages: Sequence[dict[str, str]]) -> list[dict[str, str]] | str:
-    """Convert one FireAct ReAct chat to an ExSearch chat, or return why it cannot be converted."""
+def fireact_episode(messages: Sequence[dict[str, str]]) -> tuple[str, list[tuple[str, str, list[Hit]]], str] | str:
+    """(question, [(query, thought, [observation])], answer) of one successful FireAct ReAct chat, or why not."""
     if len(messages) < 4 or "reward = True" not in messages[-1]["content"]:
         return "not_successful"
     question = messages[0]["content"].strip()
@@ -175,7 +191,13 @@ def fireact_chat(messages: Sequence[dict[str, str]]) -> list[dict[str, str]] | s
         pending = (arg, [Hit(id=f"fireact-{i}", title=arg, text=obs, score=0.0)])
     if answer is None or not steps:
         return "no_search_or_answer"
-    return build_chat(question, steps, answer)
+    return question, steps, answer
+
+
+def fireact_chat(messages: Sequence[dict[str, str]]) -> list[dict[str, str]] | str:
+    """Convert one FireAct ReAct chat to an ExSearch chat, or return why it cannot be converted."""
+    episode = fireact_episode(messages)
+    return episode if isinstance(episode, str) else build_chat(*episode)
 
 
 def from_fireact(chats: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], WarmupStats]:

@@ -1,5 +1,5 @@
-"""RL presets validate; the verl command renders from a preset; a real 1-step rl_finetune flow run with MLflow
-metrics, evaluation and registration, then a crash-resume from the saved checkpoint."""
+"""RL presets validate; the verl command renders from a preset; a real rl_finetune flow run (1-step warm-up SFT,
+1 GRPO step) with MLflow metrics, evaluation and registration, then a crash-resume from the saved checkpoint."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ TINY = [
     "data.train_limit=2", "stages.grpo.trl.max_steps=1", "stages.grpo.trl.save_steps=1",
     "stages.grpo.trl.prompts_per_step=1", "stages.grpo.trl.max_tokens_per_turn=12",
     "stages.grpo.trl.max_completion_length=24", "stages.grpo.max_turns=1", "eval.limit=1", "eval.max_new_tokens=12",
+    # warm-up SFT: two decomposition questions, one LLaMA-Factory step
+    "init.warmup.decomposition_files=[{path: data/train/hotpotqa_train_mini.jsonl, limit: 2}]",
+    "init.warmup.fireact_file=null", "init.warmup.sft.max_steps=1", "init.warmup.sft.gradient_accumulation_steps=1",
 ]
 
 
@@ -27,7 +30,7 @@ def test_every_rl_preset_validates() -> None:
     for name in RL_PRESETS:
         cfg = load_config(RLConfig, name)
         if name.endswith("_cpu_demo"):
-            assert cfg.engine == "trl" and cfg.model == "smollm2"
+            assert cfg.engine == "trl" and cfg.model == "smollm2" and cfg.init.warmup is not None
         else:
             assert cfg.engine == "verl" and all(s.verl is not None for s in cfg.stages)
     tiny = load_config(RLConfig, "research_grpo_cpu_demo", TINY)
@@ -78,13 +81,22 @@ def test_rl_flow_runs_registers_and_resumes(prefect_harness) -> None:
     for key in ("health/reward", "health/searches_per_traj", "train/loss"):
         assert client.get_metric_history(train.info.run_id, key), key
     assert any(a.path == "stage" for a in client.list_artifacts(train.info.run_id))
+    # the stage started from the warm-up SFT's merged folder; the warm-up run logged validator survival
+    warm = next(r for r in children if r.info.run_name == "warmup")
+    assert warm.data.metrics["warmup/rows"] == 2 and warm.data.metrics["warmup/decomposition_hotpotqa/valid"] == 2
+    stage_manifest = yaml.safe_load((Path(ckpt.stage_dir) / "manifest.json").read_text())
+    assert stage_manifest["init_model"].endswith("warmup/sft/model")
 
     # crash after the checkpoint was saved: the stage has no manifest and no final model -> the re-run resumes
     stage = Path(ckpt.stage_dir)
     (stage / "manifest.json").unlink()
+    warm_manifest = Path(stage_manifest["init_model"]).parent / "manifest.json"
+    warm_mtime = warm_manifest.stat().st_mtime_ns
     again = rl_finetune(preset="research_grpo_cpu_demo", overrides=TINY)
     manifest = yaml.safe_load((stage / "manifest.json").read_text())
     assert manifest["resumed_from"].endswith("checkpoint-1") and again.checkpoints[0].steps == 1
+    assert manifest["init_model"] == stage_manifest["init_model"]
+    assert warm_manifest.stat().st_mtime_ns == warm_mtime  # the warm-up SFT was reused, not redone
 
 
 def test_bucket_data_mixes_by_rollouts_to_first_correct(tmp_path, monkeypatch) -> None:

@@ -48,6 +48,11 @@ def test_corpus_change_rebuilds_and_gates_no_change_is_noop(ops_stack, corpus_co
     small_run = mlflow_runs(ops_stack.cfg.mlflow_url, filter_string=f"attributes.run_id = '{small.mlflow_run_id}'")
     m = small_run[0].data.metrics
     assert (m["diff_added"], m["diff_changed"], m["diff_deleted"], m["diff_unchanged"]) == (1, 1, 1, 1859)
+    # BM25 (the default backend) is refreshed incrementally from the previous index: a cheap full re-index
+    assert first.refresh["method"] == "full" and first.refresh["reason"] == "no previous index"
+    assert small.refresh["method"] == "incremental" and "bm25: rebuilt" in small.refresh["how"]
+    assert (m["refresh_added"], m["refresh_changed"], m["refresh_deleted"], m["refresh_encoded"]) == (1, 1, 1, 0)
+    assert small_run[0].data.tags["refresh"] == "incremental"
     bad_run = mlflow_runs(ops_stack.cfg.mlflow_url, filter_string=f"attributes.run_id = '{bad.mlflow_run_id}'")[0]
     assert bad_run.data.tags["decision"] == "rejected" and "fails the gate" in bad_run.data.tags["reason"]
     assert bad_run.data.metrics["candidate_recall"] < bad_run.data.metrics["incumbent_recall"]
@@ -121,3 +126,42 @@ def test_s3_credentials_from_a_prefect_secret_block(ops_stack, moto_s3: str, mon
         finally:
             fsspec.config.conf.pop("s3", None)
     assert moto_s3 in described and "testing" not in described
+
+
+def _markdown_artifact(key: str) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return max(found, key=lambda a: a.created).data
+
+
+def test_dense_refresh_is_incremental_encodes_only_changes_full_on_request(ops_stack, tmp_path: Path):
+    """Real MiniLM over a 60-passage slice: the second run encodes only the 3 new/changed passages and says so in
+    MLflow and the flow-run markdown; refresh=full rebuilds everything."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(b"\n".join(CORPUS.read_bytes().splitlines()[:60]) + b"\n")
+    index = {"corpus": str(corpus), "backend": "dense", "shard_size": 32}
+    cfg = RetrainConfig(corpus=str(corpus), state_root=str(tmp_path / "state"), name="dense", index=index)
+    ids = [p.id for p in sync.iter_corpus(corpus)]
+    with ops_stack.client_env():
+        first = retrain(cfg)
+        assert first.refresh["method"] == "full" and first.refresh["counts"]["encoded"] == 60
+        edit_corpus(corpus, drop={ids[3]}, change={ids[30], ids[50]},
+                    add=[{"id": "new-1", "title": "Searchloop", "text": "A new passage added by the test."}])
+        second = retrain(cfg)
+        markdown = _markdown_artifact("retrain-dense")
+        edit_corpus(corpus, add=[{"id": "new-2", "title": "Full", "text": "Rebuilt from scratch on request."}])
+        third = retrain(cfg.model_copy(update={"refresh": "full"}))
+    r = second.refresh
+    assert r["method"] == "incremental" and "faiss flat: in place" in r["how"]
+    assert (r["counts"]["added"], r["counts"]["changed"], r["counts"]["deleted"]) == (1, 2, 1)
+    assert (r["counts"]["encoded"], r["counts"]["reused"], r["counts"]["total"]) == (3, 57, 60)
+    run = mlflow_runs(ops_stack.cfg.mlflow_url, filter_string=f"attributes.run_id = '{second.mlflow_run_id}'")[0]
+    assert (run.data.metrics["refresh_encoded"], run.data.metrics["refresh_reused"]) == (3, 57)
+    assert run.data.metrics["refresh_incremental"] == 1 and run.data.tags["refresh"] == "incremental"
+    assert "Index refresh: incremental" in markdown and "| 60 | 57 | 3 |" in markdown
+    assert artifacts.read_manifest(second.index_dir)["update"]["counts"]["encoded"] == 3
+    assert third.refresh["method"] == "full" and third.refresh["reason"] == "refresh=full"
+    assert third.refresh["counts"]["encoded"] == 61

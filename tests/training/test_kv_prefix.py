@@ -1,0 +1,84 @@
+"""Prefix KV reuse in the transformers backend: outputs equal a run without the cache, reuse actually happens,
+and the store's memory bound and prefix bookkeeping hold. A tiny randomly initialised Llama (SmolLM2's tokenizer)
+keeps it fast; fp32 and greedy decoding make the comparison exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training.generation import SamplingParams, TransformersGenerator
+from training.kv_prefix import PrefixKVStore
+
+TEMPLATE = ("Answer the question. Think inside <think> </think>, search with <search> query </search>, "
+            "read the results in <result> </result> and answer inside <answer> </answer>.\nQuestion: ")
+
+
+@pytest.fixture(scope="module")
+def tiny(smol_tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      pad_token_id=smol_tokenizer.pad_token_id, eos_token_id=smol_tokenizer.eos_token_id)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _gens(tiny, tok):
+    return (TransformersGenerator(tiny, tok, batch_size=8, prefix_cache=True),
+            TransformersGenerator(tiny, tok, batch_size=8, prefix_cache=False))
+
+
+def test_prefix_cache_matches_full_prefill_over_turns(tiny, smol_tokenizer) -> None:
+    cached, plain = _gens(tiny, smol_tokenizer)
+    sp = SamplingParams(max_tokens=12, stop=["</search>"])
+    prompts = [TEMPLATE + q for q in ("Who wrote Hamlet?", "Where is the Eiffel tower?", "When did WW2 end?")]
+    for turn in range(3):
+        a = cached.generate(prompts, sp, max_tokens=[12, 7, 10])
+        b = plain.generate(prompts, sp, max_tokens=[12, 7, 10])
+        assert [c.text for c in a] == [c.text for c in b]
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        prompts = [p + c.text + f"\n<result> document {turn} about {i} </result>\n" for i, (p, c) in
+                   enumerate(zip(prompts, a, strict=True))]
+    store = cached.prefix_cache
+    # turn 1 reused the shared template; turns 2-3 reused each row's own history
+    assert store.hits > store.misses
+    cached.reset_prefix_cache()
+    assert store.entries == []
+
+
+def test_store_prefers_longest_prefix_and_respects_its_bound() -> None:
+    store = PrefixKVStore(max_tokens=10)
+    kv = lambda n: [(torch.zeros(1, n, 2), torch.zeros(1, n, 2))]  # noqa: E731
+    store.add([1, 2, 3], kv(3), shared=True)
+    store.add([1, 2, 3, 4, 5], kv(5))
+    assert store.lookup([1, 2, 3, 4, 9, 9]).length == 4
+    assert store.lookup([1, 2, 3, 4, 5]).length == 4  # at least one token is left to feed
+    assert store.lookup([7, 8]).length == 0
+    store.add([1, 2, 3, 4, 5, 6], kv(6))  # extends [1..5] (dropped) but not the shared template
+    assert sorted(len(e.ids) for e in store.entries) == [3, 6]
+    store.add([9, 9, 9], kv(3))  # 12 tokens > 10: the least recently used goes
+    assert sum(len(e.ids) for e in store.entries) <= 10
+
+
+def test_row_dropping_decoder_sampling(tiny, smol_tokenizer) -> None:
+    cached, plain = _gens(tiny, smol_tokenizer)
+    prompts = [TEMPLATE + "Who painted the Mona Lisa?", TEMPLATE + "What is the capital of Peru?"]
+    greedy = [c.text for c in plain.generate(prompts, SamplingParams(max_tokens=10))]
+    # a vanishing nucleus keeps only the most likely token: sampling degenerates to greedy
+    narrow = SamplingParams(temperature=1.0, top_p=1e-9, seed=3, max_tokens=10)
+    assert [c.text for c in cached.generate(prompts, narrow)] == greedy
+    wide = SamplingParams(temperature=1.0, top_p=0.95, seed=11, max_tokens=10, n=2)
+    first, again = cached.generate(prompts, wide), cached.generate(prompts, wide)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]  # seeded
+    assert len({tuple(c.token_ids) for c in first}) > 1  # and actually sampling
+
+
+def test_store_evicts_entries_of_any_length() -> None:
+    store = PrefixKVStore(max_tokens=8)
+    kv = lambda n: [(torch.zeros(1, n, 2), torch.zeros(1, n, 2))]  # noqa: E731
+    store.add([1, 2, 3, 4, 5], kv(5))
+    store.add([7, 8, 9], kv(3))
+    store.add([4, 4, 4, 4], kv(4))  # evicting must not compare entries' arrays of different lengths
+    assert [len(e.ids) for e in store.entries] == [3, 4]  # the oldest (5 tokens) went
