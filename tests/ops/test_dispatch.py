@@ -113,7 +113,10 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
         f"embed_shard run_count={embed[0].run_count}")
     assert final == "COMPLETED"
     assert [r.state.type.value for r in steps] == ["CRASHED", "CRASHED", "COMPLETED"]
-    assert "status code -9" in steps[0].state.message and "is gone" in steps[1].state.message
+    # the first crash is reported by the worker (exit code -9) or, when the waiting task polls first, by the
+    # dispatcher's own check (the process is gone); nobody but the dispatcher is left to report the second
+    assert any(m in steps[0].state.message for m in ("status code -9", "is gone"))
+    assert "is gone" in steps[1].state.message
     assert len(embed) == 1 and embed[0].state.is_completed() and embed[0].run_count == 3
     with ops_stack.client_env():  # the heartbeats that remote-death detection (no heartbeat for N s) reads
         assert wait_for(lambda: _heartbeats(steps[-1].id), 30, "flow-run heartbeat events of the step run")
