@@ -126,9 +126,10 @@ def retriever_service(tmp_path: Path):
         proc.stop_service(run_dir, name)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gpu_worker(ops_stack: Stack) -> Iterator[proc.ServiceSpec]:
-    """A process worker on the ``gpu`` pool (what `searchloop up` starts with CUDA), for dispatched steps."""
+    """A process worker on the ``gpu`` pool (what `searchloop up` starts with CUDA), for dispatched steps; stopped
+    after the module so its polling does not load the SQLite-backed server during the other tests."""
     spec = stack.worker_spec(ops_stack.cfg, "gpu")
     proc.start_service(spec, ops_stack.cfg.run_dir)
     stack.wait_worker_online(ops_stack.cfg, "gpu", timeout=90)

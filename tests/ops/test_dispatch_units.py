@@ -134,3 +134,11 @@ def test_stale_after_defaults_to_three_heartbeats(monkeypatch):
         assert dispatch.stale_after_seconds() == 90
     monkeypatch.setenv(dispatch.STALE_ENV, "12.5")
     assert dispatch.stale_after_seconds() == 12.5
+
+
+def test_deploy_run_env_and_up_dispatch_options_are_checked():
+    from flows.commands.ops import _parse_env
+
+    assert _parse_env(["SEARCHLOOP_DISPATCH=pool", "A=b=c"]) == {"SEARCHLOOP_DISPATCH": "pool", "A": "b=c"}
+    with pytest.raises(ConfigError, match="must be KEY=VALUE"):
+        _parse_env(["SEARCHLOOP_DISPATCH"])
