@@ -31,7 +31,7 @@ def _pick(logits: Any, temperature: float, top_p: float) -> Any:
     return torch.multinomial(probs, 1).squeeze(-1)
 
 
-class _StopCheck:
+class StopCheck:
     """Per-row end test: EOS, a stop string in the decoded tail of the new tokens, or the row's budget."""
 
     def __init__(self, tokenizer: Any, stops: list[str], eos_id: int | None) -> None:
@@ -39,6 +39,7 @@ class _StopCheck:
         self.tail = max([len(tokenizer.encode(s, add_special_tokens=False)) for s in self.stops] or [0]) + 3
 
     def done(self, new: list[int], budget: int) -> bool:
+        """True when ``new`` (the row's generated ids so far) ends the row."""
         if new and new[-1] == self.eos_id:
             return True
         if len(new) >= budget:
@@ -75,7 +76,7 @@ def decode(
     lc = cache.get_seq_length()
     mask = attention_mask
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    check = _StopCheck(tokenizer, stops, tokenizer.eos_token_id)
+    check = StopCheck(tokenizer, stops, tokenizer.eos_token_id)
     new: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
     alive = list(range(input_ids.shape[0]))
     with torch.inference_mode():
@@ -108,8 +109,8 @@ def decode(
 
 def _hand_over(on_finish: Callable, row: int, j: int, cache: Any, mask: Any, fed: list[int]) -> None:
     """The real (mask 1) cache columns of batch row ``j``: its prompt tokens then the new tokens fed so far."""
-    from training.kv_prefix import _layers
+    from training.kv_prefix import cache_layers
 
     cols = mask[j].nonzero().squeeze(-1)
-    layers = [(k[j].index_select(1, cols).clone(), v[j].index_select(1, cols).clone()) for k, v in _layers(cache)]
+    layers = [(k[j].index_select(1, cols).clone(), v[j].index_select(1, cols).clone()) for k, v in cache_layers(cache)]
     on_finish(row, layers, fed)

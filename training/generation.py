@@ -161,25 +161,20 @@ def length_buckets(lengths: list[int], batch_size: int, ratio: float | None) -> 
 
 
 class _StopCriteria:
-    """Per-row stopping for HF generate: a stop string in the decoded tail, or the row's own token budget."""
+    """HF ``generate`` stopping criterion: per row, ``training.decode.StopCheck`` on the new tokens."""
 
     def __init__(self, tokenizer: Any, prompt_len: int, stops: list[str], budgets: list[int]) -> None:
-        self.tokenizer, self.prompt_len, self.stops, self.budgets = tokenizer, prompt_len, stops, budgets
-        self.tail = max([len(tokenizer.encode(s, add_special_tokens=False)) for s in stops] or [0]) + 3
+        from training.decode import StopCheck
+
+        self.prompt_len, self.budgets = prompt_len, budgets
+        self.check = StopCheck(tokenizer, stops, None)  # EOS is handled by generate itself
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        new = input_ids.shape[1] - self.prompt_len
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        for row in range(input_ids.shape[0]):
-            if new >= self.budgets[row]:
-                done[row] = True
-            elif self.stops:
-                lo = max(self.prompt_len, input_ids.shape[1] - self.tail)
-                tail = self.tokenizer.decode(input_ids[row, lo:], skip_special_tokens=False)
-                done[row] = any(s in tail for s in self.stops)
-        return done
+        done = [self.check.done(input_ids[row, self.prompt_len:].tolist(), self.budgets[row])
+                for row in range(input_ids.shape[0])]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 class TransformersGenerator:

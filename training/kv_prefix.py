@@ -111,10 +111,10 @@ class PrefixKVStore:
         with torch.inference_mode():
             out = model(input_ids=ids, use_cache=True)
         self.misses += common
-        self.add(rows[0][:common], [(k[0], v[0]) for k, v in _layers(out.past_key_values)], shared=True)
+        self.add(rows[0][:common], [(k[0], v[0]) for k, v in cache_layers(out.past_key_values)], shared=True)
 
 
-def _layers(cache: Any) -> list[tuple[Any, Any]]:
+def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
     """(keys, values) per layer from a transformers cache object or a legacy tuple."""
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
