@@ -88,11 +88,9 @@ def log_params(params: Mapping[str, Any]) -> None:
     mlflow.log_params(flatten_params(params))
 
 
-def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
-    """Log finite numeric metrics in one batched call (non-numeric values are skipped)."""
+def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numeric entries of ``metrics`` as floats, keys made MLflow-safe (``@`` -> ``_at_``)."""
     import math
-
-    import mlflow
 
     clean = {}
     for k, v in metrics.items():
@@ -102,6 +100,14 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
             continue
         if math.isfinite(f):
             clean[k.replace("@", "_at_")] = f
+    return clean
+
+
+def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
+    """Log finite numeric metrics in one batched call (non-numeric values are skipped)."""
+    import mlflow
+
+    clean = finite_metrics(metrics)
     if clean:
         mlflow.log_metrics(clean, step=step)
 

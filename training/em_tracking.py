@@ -79,14 +79,7 @@ def log_metrics(run_id: str, metrics: dict[str, Any], step: int | None = None) -
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    batch = []
-    for k, v in metrics.items():
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(f):
-            batch.append(Metric(k.replace("@", "_at_"), f, now, step or 0))
+    batch = [Metric(k, f, now, step or 0) for k, f in tracking.finite_metrics(metrics).items()]
     if batch:
         _client().log_batch(run_id, metrics=batch)
 
