@@ -2,21 +2,23 @@
 
 For each backend (dense = all-MiniLM-L6-v2 + faiss Flat over a slice of the mini corpus; bm25 over the whole mini
 corpus), over the same index directory:
-  (a) in-process: one ``searcher.search(all_queries, k)`` call, queries/s;
+  (a) in-process batched search: ``threads`` threads (default: what the server runs at once, processes x workers)
+      each searching its share in one call, and in calls of 64 queries (the largest batch 64 single-query clients
+      can form: the like-for-like reference for the 0.9x target);
   (b) our server (micro-batching on, cache off), a separate uvicorn process on 127.0.0.1: throughput and p50/p99
       latency at 1, 16 and 64 concurrent clients (a lean asyncio HTTP/1.1 keep-alive client, one query per
       ``POST /search``; the clients are spread over ``--client-procs`` load-generator processes);
   (c) the baseline server: the same app with batching off (one ``search`` per request in a thread pool, the
       ReSearch/SmartSearch/Search-R1 pattern), same clients.
-Prints a table and the ratios server/in-process and server/baseline at 64 clients (targets >= 0.9 and >= 5).
-Queries are unique within each run (dev questions), and the cache is off, so no request is served from memory.
-CPU time per query is reported for the server process and for the load generator: on a small shared machine the
-httpx clients compete with the server for the same cores, and the CPU figures stay meaningful when wall-clock
-throughput is disturbed by other work. Threads: torch intra-op threads (``--torch-threads``, default 1; spinning
-OpenMP threads collapse on an oversubscribed CPU) and ``--workers`` parallel batches (default 1) apply alike to the
-in-process reference (that many threads each searching one big batch) and to the batching server.
+Prints a table and the ratios server/in-process and server/baseline at 64 clients (targets >= 0.9 and >= 5);
+``--repeats N`` adds N-1 interleaved (in-process, server) pairs at 64 clients and prints their median ratio, since a
+shared VM's speed drifts by +-10% between phases. Queries are unique within each level, and the cache is off, so
+no request is served from memory. CPU time per query is reported for the server (all its processes), for the
+time inside the searcher (from ``/health``) and for the load generator. Threads: torch intra-op threads
+(``--torch-threads``, default 1) and ``--workers`` parallel batches per server process (``--processes``).
 
-    PYTHONPATH=. nice -n 10 python benchmarks/server_throughput.py [--backends dense,bm25] [--passages 1000]
+Headline command (2-core CPU): ``PYTHONPATH=. python benchmarks/server_throughput.py --workers 2 --max-batch 32
+--min-requests 2000 --inprocess-queries 4096 --repeats 5``
 """
 
 from __future__ import annotations
@@ -110,9 +112,18 @@ def in_process_single(index_dir: Path, queries: list[str], k: int) -> float:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """user + system CPU seconds of a process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """user + system CPU seconds of a process and its live children (the server's worker processes)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _free_port() -> int:
@@ -123,14 +134,14 @@ def _free_port() -> int:
 
 @contextmanager
 def server_process(index_dir: Path, batching: bool, workers: int, torch_threads: int, max_wait_ms: float,
-                   max_batch: int = 256):
+                   max_batch: int = 256, processes: int = 1):
     """Start ``searchloop serve retriever`` on a free loopback port; yield its URL."""
     from retrieval.client import RetrieverClient
 
     port = _free_port()
     cmd = [sys.executable, "-m", "flows.cli", "serve", "retriever", "--index", str(index_dir), "--port", str(port),
            "--cache-size", "0", "--max-batch", str(max_batch), "--workers", str(workers),
-           "--max-wait-ms", str(max_wait_ms)]
+           "--max-wait-ms", str(max_wait_ms), "--processes", str(processes)]
     if not batching:
         cmd.append("--no-batching")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch_threads),
@@ -253,7 +264,8 @@ def _stats(url: str) -> dict[str, Any]:
 
 
 def http_rows(
-    url: str, pid: int, queries: list[str], levels: list[int], k: int, min_requests: int, procs: int
+    url: str, pid: int, queries: list[str], levels: list[int], k: int, min_requests: int, procs: int,
+    server_processes: int = 1,
 ) -> dict[int, dict]:
     """Throughput/latency per concurrency level, each level over fresh unique queries."""
     rows = {}
@@ -266,11 +278,17 @@ def http_rows(
         rows[c] = r = _load(url, chunk, c, k, pid, procs)
         after = _stats(url)
         calls = after["searcher_calls"] - before["searcher_calls"]
-        r["mean_batch"] = (after["searched_queries"] - before["searched_queries"]) / max(calls, 1)
+        # /health reports the process that answered it: the mean batch is only known for one process
+        r["mean_batch"] = ((after["searched_queries"] - before["searched_queries"]) / max(calls, 1)
+                           if server_processes == 1 else float("nan"))
+        searched = max(after["searched_queries"] - before["searched_queries"], 1)
+        r["search_cpu_ms"] = (1000 * (after.get("search_cpu_s", 0) - before.get("search_cpu_s", 0)) / searched
+                              if server_processes == 1 else float("nan"))
         r["load_avg"] = os.getloadavg()[0]
         print(f"  {c:>3} clients: {r['qps']:8.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
               f"server cpu {r['server_cpu_ms']:.2f} ms/q  client cpu {r['client_cpu_ms']:.2f} ms/q  "
-              f"mean batch {r['mean_batch']:.1f}  load avg {r['load_avg']:.1f}", flush=True)
+              f"(in the searcher {r['search_cpu_ms']:.2f})  mean batch {r['mean_batch']:.1f}  "
+              f"load avg {r['load_avg']:.1f}", flush=True)
     return rows
 
 
@@ -278,10 +296,12 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
     index_dir = build(backend, args.passages, tmp)
     top = max(args.clients)
     batch_queries = queries[: args.inprocess_queries]
-    inproc, inproc_cpu = in_process(index_dir, batch_queries, args.k, args.workers)
-    inproc_top, inproc_top_cpu = in_process(index_dir, batch_queries, args.k, args.workers, chunk=top)
+    threads = args.inprocess_threads or args.processes * args.workers  # as many searches at once as the server
+    inproc, inproc_cpu = in_process(index_dir, batch_queries, args.k, threads)
+    inproc_top, inproc_top_cpu = in_process(index_dir, batch_queries, args.k, threads, chunk=top)
     single_cpu = in_process_single(index_dir, queries[:32], args.k)
-    print(f"[{backend}] in-process batched, one call of {len(batch_queries)}: {inproc:.1f} q/s, cpu {inproc_cpu:.2f}"
+    print(f"[{backend}] in-process batched ({threads} thread(s)), {len(batch_queries)} queries split over the "
+          f"threads, one call each: {inproc:.1f} q/s, cpu {inproc_cpu:.2f}"
           f" ms/q; calls of {top} (the largest batch {top} clients can form): {inproc_top:.1f} q/s, cpu "
           f"{inproc_top_cpu:.2f} ms/q; one query per call: cpu {single_cpu:.2f} ms/q", flush=True)
     out: dict[str, Any] = {"backend": backend, "in_process_qps": inproc, "in_process_cpu_ms": inproc_cpu,
@@ -289,9 +309,24 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
                            "in_process_single_cpu_ms": single_cpu}
     for name, batching in (("server", True), ("baseline", False)):
         print(f"[{backend}] {name} (batching={batching})", flush=True)
+        procs = args.processes if batching else 1  # the baseline is the seeds' single process
         with server_process(index_dir, batching, args.workers, args.torch_threads, args.max_wait_ms,
-                            args.max_batch) as (url, pid):
-            out[name] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests, args.client_procs)
+                            args.max_batch, procs) as (url, pid):
+            out[name] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests, args.client_procs,
+                                  procs)
+            if batching and args.repeats > 1:  # interleaved pairs: the machine's speed drifts between phases
+                pairs = [(inproc_top, out[name][top]["qps"])]
+                for _ in range(args.repeats - 1):
+                    ref = in_process(index_dir, batch_queries, args.k, threads, chunk=top)[0]
+                    got = http_rows(url, pid, queries, [top], args.k, args.min_requests, args.client_procs,
+                                    procs)[top]["qps"]
+                    pairs.append((ref, got))
+                ratios = sorted(got / ref for ref, got in pairs)
+                out["repeat_pairs"] = pairs
+                out[f"server_vs_in_process_{top}_median"] = statistics.median(ratios)
+                print(f"[{backend}] server/in-process calls of {top}, {len(pairs)} interleaved pairs: "
+                      + ", ".join(f"{r:.2f}" for r in ratios) + f" (median {statistics.median(ratios):.2f})",
+                      flush=True)
     out["server_vs_in_process"] = out["server"][top]["qps"] / inproc
     out[f"server_vs_in_process_{top}"] = out["server"][top]["qps"] / inproc_top
     out["server_vs_baseline"] = out["server"][top]["qps"] / out["baseline"][top]["qps"]
@@ -317,7 +352,9 @@ def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
     for res in results:
         print(f"{res['backend']}: server/in-process at {top} clients = {res['server_vs_in_process']:.2f} against one "
               f"call of all queries, {res[f'server_vs_in_process_{top}']:.2f} against calls of {top} "
-              f"(target >= 0.9); server/baseline at {top} clients = {res['server_vs_baseline']:.2f} (target >= 5); "
+              + (f" (median of {len(res['repeat_pairs'])} interleaved pairs: "
+                 f"{res[f'server_vs_in_process_{top}_median']:.2f})" if "repeat_pairs" in res else "")
+              + f" (target >= 0.9); server/baseline at {top} clients = {res['server_vs_baseline']:.2f} (target >= 5); "
               f"search share of server CPU (in-process cpu/q / server cpu/q) = {res['cpu_efficiency']:.2f}")
 
 
@@ -333,9 +370,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built indexes here.")
     p.add_argument("--client-procs", type=int, default=1, help="Processes the concurrent clients are spread over "
                    "(each an asyncio loop driving its share of raw keep-alive connections).")
-    p.add_argument("--max-wait-ms", type=float, default=0.0, help="Server micro-batch extra wait.")
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="Server adaptive micro-batch wait.")
     p.add_argument("--max-batch", type=int, default=256, help="Server micro-batch cap (with N workers and C "
                    "closed-loop clients, C/N keeps every worker busy: one batch of all C leaves the others idle).")
+    p.add_argument("--processes", type=int, default=1, help="Batching server processes on the port (each with "
+                   "--workers batch threads); the in-process reference stays one process with --workers threads.")
+    p.add_argument("--inprocess-threads", type=int, default=None, help="Threads of the in-process reference "
+                   "(default: processes x workers, the searches the server can run at once).")
+    p.add_argument("--repeats", type=int, default=1, help="Interleaved (in-process calls of N, server at N clients) "
+                   "pairs at the top level; their median ratio is reported (the machine's speed drifts).")
     p.add_argument("--torch-threads", type=int, default=1, help="Intra-op threads, in-process and in the servers.")
     p.add_argument("--workers", type=int, default=1, help="Parallel batches: server micro-batch workers and "
                    "in-process threads (the baseline server always uses its 8-thread pool).")

@@ -1,10 +1,12 @@
 """Request coalescing for the retriever server: an LRU query cache, a micro-batcher and the per-request baseline.
 
-:class:`MicroBatcher` takes every query waiting in an asyncio queue (after one event-loop turn, or for up to
-``max_wait_s`` after the first request when that is set; at most ``max_batch_queries``), runs ONE
-``searcher.search(unique_queries, max_k)`` in a dedicated worker thread and hands each request its slice,
-truncated to its own k. While a batch runs, new requests queue up and form the next batch, so batches grow with
-load by themselves and an idle server adds no delay (``max_wait_s=0``, the default). With ``workers > 1``,
+:class:`MicroBatcher` takes every query waiting in an asyncio queue (after one event-loop turn; at most
+``max_batch_queries``), runs ONE ``searcher.search(unique_queries, max_k)`` in a dedicated worker thread and hands
+each request its slice, truncated to its own k. While a batch runs, new requests queue up and form the next batch,
+so batches grow with load by themselves. With ``max_wait_s`` > 0 the wait is adaptive: a batch smaller than the
+recent ones waits up to ``max_wait_s`` (and at most a quarter of a recent batch's search time) for the rest of the
+clients whose answers just went out (closed-loop clients otherwise split into alternating big and small batches),
+and a lone request never waits. With ``workers > 1``,
 that many batches run at once (each in its own thread: on CPU, two single-threaded encoder calls in parallel
 scale better on a busy machine than one call with two intra-op threads). Truncating the
 top-``max_k`` list to k is exact for exhaustive backends (BM25, faiss Flat) and may differ marginally for
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -73,12 +77,32 @@ class QueryCache:
         return len(self._data)
 
 
-def _checked_search(search: SearchFn, queries: list[str], k: int) -> list[list[Hit]]:
+class SearchClock:
+    """Wall and CPU seconds spent inside the searcher (thread CPU of the calling worker thread)."""
+
+    def __init__(self) -> None:
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, wall: float, cpu: float) -> None:
+        """Add one call's times (called from worker threads)."""
+        with self._lock:
+            self.wall_s += wall
+            self.cpu_s += cpu
+
+
+def _checked_search(search: SearchFn, queries: list[str], k: int, clock: SearchClock | None = None
+                    ) -> list[list[Hit]]:
     """Run the searcher and check its result shape, wrapping any failure in SearchBackendError."""
+    t0, c0 = time.perf_counter(), time.thread_time()
     try:
         out = search(queries, k)
     except Exception as exc:  # the searcher is arbitrary backend code; every failure becomes a 503
         raise SearchBackendError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        if clock is not None:
+            clock.add(time.perf_counter() - t0, time.thread_time() - c0)
     if not isinstance(out, list) or len(out) != len(queries):
         raise SearchBackendError(f"searcher returned {type(out).__name__} for {len(queries)} queries")
     return out
@@ -114,8 +138,11 @@ class MicroBatcher:
         self._executor: ThreadPoolExecutor | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._pending_queries = 0
+        self._expected = 1.0  # recent batch size (a decaying maximum): the adaptive wait's target
+        self._batch_s = 0.0  # recent wall time of one batch's search (moving average): caps the wait
         self.calls = 0
         self.searched_queries = 0
+        self.clock = SearchClock()
 
     async def start(self) -> None:
         """Start the collector task on the running loop."""
@@ -159,29 +186,36 @@ class MicroBatcher:
             self._pending_queries -= len(queries)
 
     async def _collect(self, queue: asyncio.Queue[_Pending]) -> list[_Pending]:
+        """The next batch: the first waiting request, everything queued behind it (after one loop turn), and, when
+        ``max_wait_s`` > 0 and fewer queries came than the recent batches held, whatever else arrives within
+        ``max_wait_s`` until that many are in. Under steady load from C closed-loop clients the recent size is
+        about C / workers, so batches stop alternating between big and small; a lone client never waits."""
         loop = asyncio.get_running_loop()
         batch = [await queue.get()]
         size = len(batch[0].queries)
-        deadline = loop.time() + self.max_wait_s
+        target = min(self.max_batch_queries, max(1, round(self._expected)))
+        # never idle longer than a quarter of what a batch takes to search (cheap backends: BM25)
+        deadline = loop.time() + min(self.max_wait_s, 0.25 * self._batch_s)
         yielded = False
         while size < self.max_batch_queries:
             try:
                 item = queue.get_nowait()
             except asyncio.QueueEmpty:
                 remaining = deadline - loop.time()
-                if remaining <= 0:
-                    if yielded:
-                        break
+                if not yielded:
                     # one loop turn lets requests whose bodies already arrived join this batch
                     yielded = True
                     await asyncio.sleep(0)
                     continue
+                if remaining <= 0 or size >= target:
+                    break
                 try:
                     item = await asyncio.wait_for(queue.get(), remaining)
                 except TimeoutError:
                     break
             batch.append(item)
             size += len(item.queries)
+        self._expected = max(float(size), self._expected * 0.9)  # decays when the load drops
         return batch
 
     async def _run(self) -> None:
@@ -203,8 +237,12 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         unique = list(dict.fromkeys(q for item in batch for q in item.queries))
         max_k = max(item.k for item in batch)
+        started = loop.time()
         try:
-            results = await loop.run_in_executor(self._executor, _checked_search, self._search, unique, max_k)
+            results = await loop.run_in_executor(self._executor, _checked_search, self._search, unique, max_k,
+                                                 self.clock)
+            took = loop.time() - started
+            self._batch_s = took if self.calls == 0 else 0.8 * self._batch_s + 0.2 * took
         except SearchBackendError as exc:
             log.error("search batch of %d queries failed: %s", len(unique), exc)
             for item in batch:
@@ -230,6 +268,7 @@ class PerRequestRunner:
         self._executor: ThreadPoolExecutor | None = None
         self.calls = 0
         self.searched_queries = 0
+        self.clock = SearchClock()
 
     async def start(self) -> None:
         """Create the thread pool."""
@@ -245,7 +284,7 @@ class PerRequestRunner:
         self.calls += 1
         self.searched_queries += len(queries)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, _checked_search, self._search, queries, k)
+        return await loop.run_in_executor(self._executor, _checked_search, self._search, queries, k, self.clock)
 
 
 class SearchService:

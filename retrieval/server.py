@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import socket
 import threading
 import time
@@ -35,10 +36,11 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infra.config import StrictModel
+from infra.errors import ConfigError
 from retrieval import wire
 from retrieval.batching import (
     MicroBatcher,
@@ -59,8 +61,8 @@ class BatchingConfig(StrictModel):
     enabled: bool = Field(default=True, description="Micro-batch concurrent requests; false = one search per request.")
     max_batch_queries: int = Field(default=256, ge=1, description="Close a batch once this many queries wait.")
     max_wait_ms: float = Field(
-        default=0.0, ge=0, description="Extra wait for more requests after the first; 0 = batch whatever queued "
-        "while the previous search ran (no added latency when idle)."
+        default=2.0, ge=0, description="Adaptive extra wait: a batch smaller than the recent ones waits up to this "
+        "long for more requests (steady load forms full batches; an idle server adds no delay); 0 = never wait."
     )
     max_pending_queries: int = Field(default=8192, ge=1, description="Queue bound; beyond it requests get 503.")
     workers: int = Field(default=1, ge=1, description="Batches that may run at once, each in its own thread.")
@@ -87,6 +89,15 @@ class ServerConfig(StrictModel):
     batching: BatchingConfig = Field(default_factory=BatchingConfig, description="Micro-batching settings.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request size and k limits.")
     log_level: str = Field(default="warning", description="uvicorn log level.")
+    fast_path: bool = Field(
+        default=True, description="Serve the JSON POST search endpoints through FastJSONRoutes (same contract, "
+        "less CPU per request); false routes them through FastAPI."
+    )
+    processes: int = Field(
+        default=1, ge=1, description="Server processes sharing the port (uvicorn workers), each with its own copy of "
+        "the index, micro-batcher and cache: HTTP parsing in one never holds the other's GIL. Needs an index or "
+        "corpus path (see serve_processes)."
+    )
 
     @model_validator(mode="after")
     def _default_k_within_cap(self) -> ServerConfig:
@@ -177,21 +188,106 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
     async def _reject(self, send: Any) -> None:
-        msg = f"request body exceeds {self.max_bytes} bytes; send fewer or shorter queries per request"
-        response = _error(413, msg)
+        response = _too_large(self.max_bytes)
         await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
         await send({"type": "http.response.body", "body": response.body})
+
+
+def _validation_error(raw: Any) -> Response:
+    """422 naming every invalid field (locations start with ``body`` or ``query``, as FastAPI reports them)."""
+    errors = [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in raw
+    ]
+    summary = "; ".join(f"{'.'.join(e['loc'][1:]) or 'body'}: {e['msg']}" for e in errors[:5])
+    return _error(422, f"invalid request ({summary}); see /docs for the schema", errors)
+
+
+def _mapped_error(exc: Exception) -> Response:
+    """The JSON error response of an exception raised while serving a request (see the module docstring)."""
+    if isinstance(exc, RequestError):
+        return _error(exc.status, exc.message)
+    if isinstance(exc, StarletteHTTPException):
+        return _error(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+    if isinstance(exc, SearchBackendError):
+        return _error(503, f"search backend failed ({exc}); retry, and check the server log if it persists",
+                      headers={"Retry-After": "1"})
+    if isinstance(exc, OverloadedError):
+        return _error(503, f"server overloaded: {exc}", headers={"Retry-After": "1"})
+    log.error("unhandled server error", exc_info=exc)
+    return _error(500, f"internal server error ({type(exc).__name__}); this is a bug, please report it")
+
+
+JsonHandler = Callable[[Any], Awaitable[Any]]
+
+
+class FastJSONRoutes:
+    """Pure ASGI fast path for the JSON ``POST`` search endpoints, the hot path under load.
+
+    Same contract as the FastAPI routes behind it (which stay for the OpenAPI docs and every other request): body
+    limit (413), bearer token (401), the same strict wire models parsed straight from the bytes by pydantic-core
+    (422 with the same message), the same handlers and error mapping. It skips FastAPI's per-request routing,
+    dependency solving and ``json.loads`` + Python-mode validation, which cost as much CPU per request as a small
+    index search (measured with ``benchmarks/server_throughput.py``).
+    """
+
+    def __init__(self, app: Any, routes: dict[str, tuple[type[BaseModel], JsonHandler]], max_bytes: int,
+                 token: str | None) -> None:
+        self.app, self.routes, self.max_bytes = app, routes, max_bytes
+        self.expected = token.encode() if token else None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        route = (self.routes.get(scope["path"])
+                 if scope["type"] == "http" and scope["method"] == "POST" else None)
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        response = await self._respond(route, scope, receive)
+        if response is not None:
+            await response(scope, receive, send)
+
+    async def _respond(self, route: tuple[type[BaseModel], JsonHandler], scope: dict[str, Any], receive: Any
+                       ) -> Response | None:
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return _too_large(self.max_bytes)
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            total += len(chunks[-1])
+            if total > self.max_bytes:
+                return _too_large(self.max_bytes)
+            if not message.get("more_body", False):
+                break
+        if self.expected is not None:
+            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
+                return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'",
+                              headers={"WWW-Authenticate": "Bearer"})
+        model, handle = route
+        try:
+            request = model.model_validate_json(b"".join(chunks) or b"null")
+        except ValidationError as exc:
+            return _validation_error({**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors())
+        try:
+            return json_response(await handle(request))
+        except Exception as exc:  # every failure becomes the same JSON error the FastAPI handlers produce
+            return _mapped_error(exc)
+
+
+def _too_large(max_bytes: int) -> Response:
+    return _error(413, f"request body exceeds {max_bytes} bytes; send fewer or shorter queries per request")
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
-        errors = [
-            {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-            for e in exc.errors()
-        ]
-        summary = "; ".join(f"{'.'.join(e['loc'][1:]) or 'body'}: {e['msg']}" for e in errors[:5])
-        return _error(422, f"invalid request ({summary}); see /docs for the schema", errors)
+        return _validation_error(exc.errors())
 
     @app.exception_handler(RequestError)
     async def _request(_: Request, exc: RequestError) -> Response:
@@ -266,6 +362,8 @@ def _health(searcher: Searcher, config: ServerConfig, service: SearchService) ->
             "requests": service.requests,
             "searcher_calls": service.runner.calls,
             "searched_queries": service.runner.searched_queries,
+            "search_wall_s": round(service.runner.clock.wall_s, 6),
+            "search_cpu_s": round(service.runner.clock.cpu_s, 6),
             "cache_entries": len(service.cache),
             "cache_hits": service.cache.hits,
             "cache_misses": service.cache.misses,
@@ -276,14 +374,38 @@ def _health(searcher: Searcher, config: ServerConfig, service: SearchService) ->
 RunFn = Callable[[list[str], int | None, str], Awaitable[list[list[Hit]]]]
 
 
+def json_handlers(run: RunFn) -> dict[str, tuple[type[BaseModel], JsonHandler]]:
+    """Path -> (request model, handler returning the response body) of every JSON ``POST`` wire format."""
+
+    async def search(req: wire.SearchRequest) -> Any:
+        hits = (await run([req.query], req.top_n, "top_n"))[0]
+        return wire.search_response(hits, req.return_score)
+
+    async def batch_search(req: wire.BatchSearchRequest) -> Any:
+        return wire.batch_search_response(await run(req.query, req.top_n, "top_n"), req.return_score)
+
+    async def retrieve(req: wire.RetrieveRequest) -> Any:
+        return wire.retrieve_response(await run(req.queries, req.topk, "topk"), req.return_scores)
+
+    async def queries(req: wire.QueriesRequest) -> Any:
+        return wire.queries_response(req.queries, await run(req.queries, req.k, "k"))
+
+    async def v1_search(req: wire.V1SearchRequest) -> Any:
+        return wire.v1_response(await run(req.queries, req.k, "k"))
+
+    return {"/search": (wire.SearchRequest, search), "/batch_search": (wire.BatchSearchRequest, batch_search),
+            "/retrieve": (wire.RetrieveRequest, retrieve), "/queries": (wire.QueriesRequest, queries),
+            "/v1/search": (wire.V1SearchRequest, v1_search)}
+
+
 def _add_search_routes(api: APIRouter, run: RunFn) -> None:
-    """One route per wire format; ``run(queries, k, k_name)`` validates, then searches through the service."""
+    """One route per wire format (the documented schema; ``FastJSONRoutes`` serves the JSON POSTs first)."""
+    h = json_handlers(run)
 
     @api.post("/search", response_model=list[wire.DocOut] | tuple[list[wire.DocOut], list[float]])
     async def search(req: wire.SearchRequest) -> Response:
         """FlashRAG/ReSearch/SmartSearch single query: ``docs`` or ``[docs, scores]``."""
-        hits = (await run([req.query], req.top_n, "top_n"))[0]
-        return json_response(wire.search_response(hits, req.return_score))
+        return json_response(await h["/search"][1](req))
 
     @api.post(
         "/batch_search",
@@ -291,20 +413,17 @@ def _add_search_routes(api: APIRouter, run: RunFn) -> None:
     )
     async def batch_search(req: wire.BatchSearchRequest) -> Response:
         """FlashRAG/ReSearch batch: ``doc_lists`` or ``[doc_lists, score_lists]``."""
-        results = await run(req.query, req.top_n, "top_n")
-        return json_response(wire.batch_search_response(results, req.return_score))
+        return json_response(await h["/batch_search"][1](req))
 
     @api.post("/retrieve", response_model=wire.RetrieveResponse)
     async def retrieve(req: wire.RetrieveRequest) -> Response:
         """Search-R1 / verl search tool / ASearcher."""
-        results = await run(req.queries, req.topk, "topk")
-        return json_response(wire.retrieve_response(results, req.return_scores))
+        return json_response(await h["/retrieve"][1](req))
 
     @api.post("/queries", response_model=wire.QueriesResponse)
     async def queries(req: wire.QueriesRequest) -> Response:
         """R1-Searcher: document contents per query."""
-        results = await run(req.queries, req.k, "k")
-        return json_response(wire.queries_response(req.queries, results))
+        return json_response(await h["/queries"][1](req))
 
     @api.get("/api/search", response_model=wire.ExSearchResponse)
     async def exsearch(
@@ -317,7 +436,7 @@ def _add_search_routes(api: APIRouter, run: RunFn) -> None:
     @api.post("/v1/search", response_model=wire.V1SearchResponse)
     async def v1_search(req: wire.V1SearchRequest) -> Response:
         """searchloop's own format: id, title, text and score per hit."""
-        return json_response(wire.v1_response(await run(req.queries, req.k, "k")))
+        return json_response(await h["/v1/search"][1](req))
 
 
 def create_app(searcher: Searcher, config: ServerConfig | None = None) -> FastAPI:
@@ -351,6 +470,9 @@ def create_app(searcher: Searcher, config: ServerConfig | None = None) -> FastAP
         return await service.search(queries, k)
 
     _add_search_routes(api, run)
+    if config.fast_path:
+        app.add_middleware(FastJSONRoutes, routes=json_handlers(run), max_bytes=limits.max_body_bytes,
+                           token=config.token.get_secret_value() if config.token else None)
 
     @app.get("/health")
     async def health() -> Response:
@@ -371,6 +493,57 @@ def serve(searcher: Searcher, config: ServerConfig | None = None) -> None:
     uvicorn.run(
         create_app(searcher, config), host=config.host, port=config.port, log_level=config.log_level,
         access_log=False, timeout_keep_alive=30,
+    )
+
+
+SPEC_ENV = "SEARCHLOOP_RETRIEVER_SPEC"
+
+
+def open_source(index: str | None, corpus: str | None) -> Searcher:
+    """Load a built index directory (any backend), or build BM25 over a corpus jsonl in memory.
+
+    Raises:
+        ConfigError: when not exactly one of ``index`` / ``corpus`` is given.
+        ArtifactError: when ``index`` is not a finished index directory.
+    """
+    if (index is None) == (corpus is None):
+        raise ConfigError("pass exactly one of --index <index dir> or --corpus <corpus.jsonl>")
+    if corpus is not None:
+        from retrieval.bm25 import BM25Searcher
+        from retrieval.corpus import read_corpus
+
+        return BM25Searcher.build(read_corpus(corpus))
+    from retrieval.index import load_searcher
+
+    return load_searcher(str(index))
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory for :func:`serve_processes`: each worker process opens the index named in ``SPEC_ENV``."""
+    raw = os.environ.get(SPEC_ENV)
+    if not raw:
+        raise ConfigError(f"{SPEC_ENV} is not set: start multi-process serving with retrieval.server.serve_processes")
+    spec = orjson.loads(raw)
+    return create_app(open_source(spec["index"], spec["corpus"]), ServerConfig.model_validate(spec["config"]))
+
+
+def serve_processes(index: str | None, corpus: str | None, config: ServerConfig) -> None:
+    """Run ``config.processes`` server processes on one port (uvicorn workers; the kernel spreads connections).
+
+    The parent only supervises (uvicorn restarts a worker that dies); every worker loads the index itself.
+    """
+    import uvicorn
+
+    if config.host not in {"127.0.0.1", "localhost", "::1"} and config.token is None:
+        log.warning("serving on %s without a token: anyone who can reach this port can query it", config.host)
+    dumped = config.model_dump(mode="json")
+    dumped["token"] = config.token.get_secret_value() if config.token is not None else None
+    os.environ[SPEC_ENV] = orjson.dumps({"index": None if index is None else str(index),
+                                         "corpus": None if corpus is None else str(corpus),
+                                         "config": dumped}).decode()
+    uvicorn.run(
+        "retrieval.server:app_from_env", factory=True, workers=config.processes, host=config.host,
+        port=config.port, log_level=config.log_level, access_log=False, timeout_keep_alive=30,
     )
 
 

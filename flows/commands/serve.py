@@ -9,29 +9,15 @@ from pathlib import Path
 
 import typer
 
-from infra.errors import ConfigError
-
 ENV_TOKEN = "SEARCHLOOP_RETRIEVER_TOKEN"
 ENV_URL = "SEARCHLOOP_RETRIEVER_URL"
 
 
 def open_searcher(index: Path | None, corpus: Path | None):  # noqa: ANN201 - returns a retrieval Searcher
-    """Load a built index directory (any backend), or build BM25 over a corpus jsonl in memory.
+    """Load a built index directory or build BM25 over a corpus (see ``retrieval.server.open_source``)."""
+    from retrieval.server import open_source
 
-    Raises:
-        ConfigError: when not exactly one of ``index`` / ``corpus`` is given.
-        ArtifactError: when ``index`` is not a finished index directory.
-    """
-    if (index is None) == (corpus is None):
-        raise ConfigError("pass exactly one of --index <index dir> or --corpus <corpus.jsonl>")
-    if corpus is not None:
-        from retrieval.bm25 import BM25Searcher
-        from retrieval.corpus import read_corpus
-
-        return BM25Searcher.build(read_corpus(corpus))
-    from retrieval.index import load_searcher
-
-    return load_searcher(index)
+    return open_source(None if index is None else str(index), None if corpus is None else str(corpus))
 
 
 def serve_retriever(
@@ -42,28 +28,37 @@ def serve_retriever(
     token: str | None = typer.Option(None, envvar=ENV_TOKEN, help="Require this bearer token on search endpoints."),
     max_k: int = typer.Option(100, help="Largest k a request may ask for (422 above)."),
     cache_size: int = typer.Option(50_000, help="LRU query cache entries (0 disables)."),
-    max_wait_ms: float = typer.Option(0.0, help="Extra micro-batch wait after the first request (0 = none)."),
+    max_wait_ms: float = typer.Option(2.0, help="Adaptive micro-batch wait: a batch smaller than the recent ones "
+                                                "waits up to this long for more (0 = never; idle requests never wait)."),
     max_batch: int = typer.Option(256, help="Close a micro-batch once this many queries wait."),
-    workers: int = typer.Option(1, help="Micro-batches that may run at once (threads)."),
+    workers: int = typer.Option(1, help="Micro-batches that may run at once (threads, per process)."),
+    processes: int = typer.Option(1, help="Server processes on the same port, each loading the index (uvicorn "
+                                          "workers; scales HTTP handling past one process's GIL)."),
     no_batching: bool = typer.Option(False, help="One search per request in a thread pool (the seeds' baseline)."),
 ) -> None:
     """Serve an index over HTTP in every seed's wire format (FlashRAG, Search-R1, R1-Searcher, ExSearch)."""
     from rich.console import Console
 
     from infra.config import build_config
-    from retrieval.server import ServerConfig, serve
+    from retrieval.server import ServerConfig, serve, serve_processes
 
     cfg = build_config(ServerConfig, {
         "host": host, "port": port, "token": token, "cache_size": cache_size, "limits": {"max_k": max_k},
+        "processes": processes,
         "batching": {"enabled": not no_batching, "max_wait_ms": max_wait_ms, "max_batch_queries": max_batch,
                      "workers": workers},
     }, "command line")
     searcher = open_searcher(index, corpus)
     Console(stderr=True).print(
         f"[green]serving[/] {searcher.name} on http://{host}:{port} "
-        f"(docs: /docs, health: /health, batching: {not no_batching}, token: {token is not None})"
+        f"(docs: /docs, health: /health, batching: {not no_batching}, token: {token is not None}, "
+        f"processes: {processes})"
     )
-    serve(searcher, cfg)
+    if processes > 1:  # the check above loaded the index once: bad input fails here, not in every worker
+        del searcher
+        serve_processes(None if index is None else str(index), None if corpus is None else str(corpus), cfg)
+    else:
+        serve(searcher, cfg)
 
 
 def search(

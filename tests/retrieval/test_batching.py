@@ -252,3 +252,48 @@ def test_live_server_batches_concurrent_requests(mini_corpus_path, batching: boo
         assert len(counting.calls) < len(queries) / 3, f"{len(counting.calls)} calls for {len(queries)} requests"
     else:
         assert len(counting.calls) == len(queries)
+
+
+def test_adaptive_wait_merges_returning_clients_and_never_delays_a_lone_request() -> None:
+    """Closed-loop clients: after a batch of 8, the next 4 + 4 (arriving 15 ms apart) form ONE batch (a batch's
+    search takes 100 ms, so waiting 15 ms is worth it); a lone request on a fresh batcher is answered at once even
+    with a long max_wait; a cheap backend never waits long."""
+    fake = CountingSearcher(delay_s=0.1)
+
+    async def main():
+        batcher = MicroBatcher(fake.search, max_batch_queries=64, max_wait_s=0.2)
+        await batcher.start()
+        try:
+            t0 = time.perf_counter()
+            await batcher.submit(["alone"], 1)
+            lone = time.perf_counter() - t0
+            await asyncio.gather(*(batcher.submit([f"a{i}"], 1) for i in range(8)))
+
+            async def late(i: int) -> None:
+                await asyncio.sleep(0.015)
+                await batcher.submit([f"c{i}"], 1)
+
+            await asyncio.gather(*(batcher.submit([f"b{i}"], 1) for i in range(4)), *(late(i) for i in range(4)))
+            return lone
+        finally:
+            await batcher.close()
+
+    lone = _run(main())
+    assert lone < 0.18  # the 100 ms search, no wait on top
+    sizes = [len(q) for q, _ in fake.calls]
+    assert sizes == [1, 8, 8], sizes
+
+    cheap = CountingSearcher(delay_s=0.001)  # the wait is capped at a quarter of a batch's search time
+
+    async def cheap_main():
+        batcher = MicroBatcher(cheap.search, max_batch_queries=64, max_wait_s=0.5)
+        await batcher.start()
+        try:
+            await asyncio.gather(*(batcher.submit([f"a{i}"], 1) for i in range(8)))
+            t0 = time.perf_counter()
+            await batcher.submit(["alone"], 1)  # fewer than the recent 8: may wait, but only ~0.25 ms
+            return time.perf_counter() - t0
+        finally:
+            await batcher.close()
+
+    assert _run(cheap_main()) < 0.1

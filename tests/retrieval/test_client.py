@@ -195,3 +195,37 @@ def test_open_searcher_loads_index_dirs_and_corpora(tmp_path, mini_corpus_path) 
         open_searcher(None, None)
     with pytest.raises(ArtifactError):
         open_searcher(tmp_path / "missing", None)
+
+
+def test_cli_serve_retriever_processes_share_one_port() -> None:
+    """--processes 2: two uvicorn workers, each with its own copy of the index, behind one port and one token."""
+    import psutil
+
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SEARCHLOOP_RETRIEVER_TOKEN": "s3cret"}
+    cmd = [sys.executable, "-m", "flows.cli", "serve", "retriever", "--corpus", "data/corpus/mini.jsonl",
+           "--port", str(port), "--processes", "2", "--cache-size", "0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    workers: list = []
+    try:
+        with RetrieverClient(url, retries=0, token="s3cret") as client:
+            client.wait_until_ready(timeout_s=120)
+            deadline = time.monotonic() + 60
+            while len(psutil.Process(proc.pid).children(recursive=True)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "python" in c.name().lower()]
+            assert len(workers) >= 2
+            expected = BM25Searcher.build(read_corpus(REPO / "data" / "corpus" / "mini.jsonl")).search(
+                ["rock band Illinois", "film director"], 3)
+            for _ in range(4):  # several connections: the kernel hands them to either worker
+                with RetrieverClient(url, retries=0, token="s3cret") as fresh:
+                    got = fresh.search(["rock band Illinois", "film director"], 3)
+                    assert [[h.id for h in hits] for hits in got] == [[h.id for h in hits] for hits in expected]
+        with RetrieverClient(url, retries=0) as anonymous, pytest.raises(RetrieverError, match="401"):
+            anonymous.search(["film"], 3)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    _, alive = psutil.wait_procs(workers, timeout=20)  # the supervisor takes its workers down with it
+    assert not alive

@@ -26,9 +26,10 @@ def bm25(mini_corpus_path) -> BM25Searcher:
     return BM25Searcher.build(read_corpus(mini_corpus_path))
 
 
-@pytest.fixture(scope="module")
-def http(bm25):
-    with serve_in_thread(create_app(bm25, ServerConfig())) as url, httpx.Client(base_url=url, timeout=30) as client:
+@pytest.fixture(scope="module", params=[True, False], ids=["fast-path", "fastapi-routes"])
+def http(request, bm25):
+    app = create_app(bm25, ServerConfig(fast_path=request.param))
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         yield client
 
 

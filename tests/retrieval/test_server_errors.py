@@ -21,12 +21,58 @@ LIMITS = LimitsConfig(max_k=50, max_queries_per_request=8, max_query_chars=200, 
 POST_ENDPOINTS = ["/search", "/batch_search", "/retrieve", "/queries", "/v1/search"]
 
 
-@pytest.fixture(scope="module")
-def http(mini_corpus_path):
+@pytest.fixture(scope="module", params=[True, False], ids=["fast-path", "fastapi-routes"])
+def http(request, mini_corpus_path):
     searcher = BM25Searcher.build(read_corpus(mini_corpus_path))
-    app = create_app(searcher, ServerConfig(limits=LIMITS))
+    app = create_app(searcher, ServerConfig(limits=LIMITS, fast_path=request.param))
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         yield client
+
+
+EDGE_BODIES = [
+    b"", b"not json", b"[]", b"null", b'{"query": 3}', b'{"query": "x", "top_n": "5"}', b'{"query": "x", "top_n": 0}',
+    b'{"query": "x", "top_n": 51}', b'{"query": "  "}', b'{"query": ["a", 1]}', b'{"queries": []}',
+    b'{"queries": ["a"], "topk": 2.5}', b'{"queries": ["a"], "k": true}', b'{"queries": ["q"] , "k": -1}',
+    b'{"queries": ["' + b"a" * 300 + b'"]}', b'{"queries": ["a","b","c","d","e","f","g","h","i"]}',
+    b'{"query": "x", "return_score": "yes"}', b"{" * 50,
+]
+
+
+def _fields(detail: object) -> object:
+    """The invalid fields a 422 names (whole-body and JSON-syntax errors compare equal)."""
+    if isinstance(detail, str):
+        return detail
+    return sorted({e["loc"][1] for e in detail if len(e["loc"]) > 1 and e["type"] != "json_invalid"})
+
+
+def test_fast_path_answers_exactly_like_the_fastapi_routes(mini_corpus_path) -> None:
+    """Same status and body for good requests, same 4xx status with a JSON error for bad ones, on both paths (the
+    fast path is an optimisation, not a second contract; its messages come from pydantic's JSON-mode parser, e.g.
+    'Invalid JSON: expected value at line 1 column 1' where FastAPI says 'JSON decode error')."""
+    searcher = BM25Searcher.build(read_corpus(mini_corpus_path))
+    fast = create_app(searcher, ServerConfig(limits=LIMITS, token="tok"))
+    slow = create_app(searcher, ServerConfig(limits=LIMITS, token="tok", fast_path=False))
+    good = [b'{"query": "rock band", "top_n": 3, "return_score": true}', b'{"query": ["film", "actor"]}',
+            b'{"queries": ["film"], "topk": 2, "return_scores": true}', b'{"queries": ["film"], "k": 2}']
+    auth = {"Authorization": "Bearer tok", "Content-Type": "application/json"}
+    with serve_in_thread(fast) as url_a, serve_in_thread(slow) as url_b, httpx.Client(timeout=30) as client:
+        for path in POST_ENDPOINTS:
+            for body in EDGE_BODIES + good:
+                a = client.post(url_a + path, content=body, headers=auth)
+                b = client.post(url_b + path, content=body, headers=auth)
+                assert a.status_code == b.status_code, (path, body, a.text[:200], b.text[:200])
+                if a.status_code == 200:
+                    assert a.json() == b.json()
+                else:
+                    assert a.status_code < 500 and a.json()["error"] and b.json()["error"], (path, body)
+                    assert _fields(a.json()["detail"]) == _fields(b.json()["detail"]), (path, body)
+            for headers in ({}, {"Authorization": "Bearer nope"}):
+                a = client.post(url_a + path, content=good[0], headers=headers)
+                b = client.post(url_b + path, content=good[0], headers=headers)
+                assert a.status_code == b.status_code == 401 and a.json() == b.json()
+            big = b'{"query": "' + b"a" * 5000 + b'"}'
+            assert client.post(url_a + path, content=big, headers=auth).json() == \
+                client.post(url_b + path, content=big, headers=auth).json()
 
 
 def _post(http: httpx.Client, path: str, body: bytes) -> httpx.Response:
