@@ -71,6 +71,7 @@ class Completion:
     finish_reason: FinishReason = "length"
     stop: str | None = None
     cumulative_logprob: float | None = None
+    token_logprobs: list[float] | None = None  # per generated token, when the backend computed them
 
 
 @runtime_checkable
@@ -374,8 +375,10 @@ class TransformersGenerator:
             for r, i in enumerate(chunk):
                 n = len(c_ids[r])
                 if n == 0:
-                    completions[i].cumulative_logprob = 0.0
+                    completions[i].cumulative_logprob, completions[i].token_logprobs = 0.0, []
                     continue
                 pos = torch.arange(width - n - 1, width - 1)
                 target = ids[r, width - n:].to(logp.device)
-                completions[i].cumulative_logprob = float(logp[r, pos, target].sum())
+                values = logp[r, pos, target]
+                completions[i].cumulative_logprob = float(values.sum())
+                completions[i].token_logprobs = [float(x) for x in values.tolist()]

@@ -28,8 +28,9 @@ def serve_retriever(
     token: str | None = typer.Option(None, envvar=ENV_TOKEN, help="Require this bearer token on search endpoints."),
     max_k: int = typer.Option(100, help="Largest k a request may ask for (422 above)."),
     cache_size: int = typer.Option(50_000, help="LRU query cache entries (0 disables)."),
-    max_wait_ms: float = typer.Option(2.0, help="Adaptive micro-batch wait: a batch smaller than the recent ones "
-                                                "waits up to this long for more (0 = never; idle requests never wait)."),
+    max_wait_ms: float = typer.Option(2.0, help="Adaptive micro-batch wait: a batch smaller than the recent "
+                                                "ones waits up to this long for more (0 = never; a lone request "
+                                                "never waits)."),
     max_batch: int = typer.Option(256, help="Close a micro-batch once this many queries wait."),
     workers: int = typer.Option(1, help="Micro-batches that may run at once (threads, per process)."),
     processes: int = typer.Option(1, help="Server processes on the same port, each loading the index (uvicorn "
@@ -59,6 +60,34 @@ def serve_retriever(
         serve_processes(None if index is None else str(index), None if corpus is None else str(corpus), cfg)
     else:
         serve(searcher, cfg)
+
+
+def serve_generator(
+    model: str = typer.Option("smollm2", help="'smollm2', an HF folder or a .gguf file (transformers backend)."),
+    host: str = typer.Option("127.0.0.1", help="Bind address (keep loopback unless a token is set)."),
+    port: int = typer.Option(8001, help="TCP port."),
+    served_name: str | None = typer.Option(None, help="Model name clients send (default: --model)."),
+    token: str | None = typer.Option(None, envvar="SEARCHLOOP_GENERATOR_TOKEN", help="Require this bearer token."),
+    batch_size: int = typer.Option(64, help="Rows per forward batch (and per generate call)."),
+    max_wait_ms: float = typer.Option(5.0, help="Wait after the first request for others to batch with it."),
+    device: str = typer.Option("auto", help="cpu, cuda or auto."),
+) -> None:
+    """Serve a local model over the OpenAI completions/chat API (what vLLM serve is on a GPU worker)."""
+    from rich.console import Console
+
+    from infra.config import build_config
+    from training.generation import TransformersGenerator
+    from training.generation_server import GenerationServerConfig
+    from training.generation_server import serve_generator as run
+
+    cfg = build_config(GenerationServerConfig, {
+        "host": host, "port": port, "served_name": served_name or model, "token": token,
+        "max_wait_ms": max_wait_ms, "max_batch_rows": batch_size,
+    }, "command line")
+    generator = TransformersGenerator.from_model(model, device=device, batch_size=batch_size)
+    Console(stderr=True).print(f"[green]serving[/] {model} as {cfg.served_name!r} on http://{host}:{port}/v1 "
+                               f"(completions, chat/completions, models; token: {token is not None})")
+    run(generator, cfg)
 
 
 def search(
@@ -91,5 +120,6 @@ def register(app: typer.Typer) -> None:
     """Add ``serve retriever`` and ``search`` to the root CLI."""
     serve_app = typer.Typer(help="Run searchloop services.", no_args_is_help=True)
     serve_app.command("retriever")(serve_retriever)
+    serve_app.command("generator")(serve_generator)
     app.add_typer(serve_app, name="serve")
     app.command("search")(search)
