@@ -52,7 +52,11 @@ class GeneratorSpec(StrictModel):
     model: str = Field(default="smollm2", description="'smollm2', an HF folder, a .gguf file, or a served name.")
     backend: Literal["transformers", "vllm", "openai"] = Field(default="transformers", description="Engine.")
     base_url: str | None = Field(default=None, description="OpenAI-compatible server URL (backend 'openai').")
-    batch_size: int = Field(default=16, ge=1, description="Prompts per forward batch (transformers).")
+    batch_size: int = Field(default=64, ge=1, description="Prompts per forward batch (transformers).")
+    tokenizer: str | None = Field(
+        default=None, description="Tokenizer of a served model (openai backend: chat templates, loss masks, EOS); "
+        "default: ``model`` when it names a local model ('smollm2', an HF folder, a .gguf), else none."
+    )
 
 
 class AgentEvalConfig(StrictModel):
@@ -100,8 +104,22 @@ def _bm25_for(corpus: str) -> Any:
     return BM25Searcher.build(read_corpus(corpus))
 
 
+def _served_tokenizer(model: str, tokenizer: str | None) -> Any | None:
+    """The tokenizer named by ``tokenizer``, else ``model``'s when it resolves to a local model, else None."""
+    from training.models import load_tokenizer
+
+    if tokenizer is not None:
+        return load_tokenizer(tokenizer)
+    try:
+        return load_tokenizer(model)
+    except Exception as exc:  # noqa: BLE001 - a served name need not exist locally
+        log.info("no local tokenizer for served model %r (%s); protocols fall back to plain prompts", model, exc)
+        return None
+
+
 @lru_cache(maxsize=2)
-def _cached_generator(backend: str, model: str, base_url: str | None, batch_size: int) -> Any:
+def _cached_generator(backend: str, model: str, base_url: str | None, batch_size: int,
+                      tokenizer: str | None = None) -> Any:
     from training.generation import load_generator
 
     kwargs: dict[str, Any] = {}
@@ -109,6 +127,7 @@ def _cached_generator(backend: str, model: str, base_url: str | None, batch_size
         if not base_url:
             raise ConfigError("generator.backend=openai needs generator.base_url (e.g. http://127.0.0.1:8001/v1)")
         kwargs["base_url"] = base_url
+        kwargs["tokenizer"] = _served_tokenizer(model, tokenizer)
     if backend == "transformers":
         kwargs["batch_size"] = batch_size
     return load_generator(backend, model, **kwargs)
@@ -116,7 +135,7 @@ def _cached_generator(backend: str, model: str, base_url: str | None, batch_size
 
 def open_generator(spec: GeneratorSpec) -> Any:
     """Load (once per process) the generator named by ``spec``."""
-    return _cached_generator(spec.backend, spec.model, spec.base_url, spec.batch_size)
+    return _cached_generator(spec.backend, spec.model, spec.base_url, spec.batch_size, spec.tokenizer)
 
 
 def score_trajectory(traj: Trajectory, gold_doc_ids: list[str], normalization: str) -> dict[str, Any]:
