@@ -98,3 +98,12 @@ def test_token_is_required(served) -> None:
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     with pytest.raises(GenerationServerError, match="401"):
         OpenAICompatibleGenerator(url, "smol", api_key="wrong", retries=1).generate(["x"], SamplingParams())
+
+
+def test_eval_openai_backend_gets_the_served_models_tokenizer(served) -> None:
+    """``agent.generator.backend=openai`` with a local model name loads its tokenizer (chat templates work); an
+    unknown served name (e.g. a hosted API model) gets none."""
+    from training.agent_eval import _served_tokenizer
+
+    assert _served_tokenizer("smollm2", None).chat_template
+    assert _served_tokenizer("gpt-4o-mini", None) is None
