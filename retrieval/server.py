@@ -289,27 +289,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
         return _validation_error(exc.errors())
 
-    @app.exception_handler(RequestError)
-    async def _request(_: Request, exc: RequestError) -> Response:
-        return _error(exc.status, exc.message)
+    async def _mapped(_: Request, exc: Exception) -> Response:
+        return _mapped_error(exc)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        return _error(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(SearchBackendError)
-    async def _backend(_: Request, exc: SearchBackendError) -> Response:
-        return _error(503, f"search backend failed ({exc}); retry, and check the server log if it persists",
-                      headers={"Retry-After": "1"})
-
-    @app.exception_handler(OverloadedError)
-    async def _overloaded(_: Request, exc: OverloadedError) -> Response:
-        return _error(503, f"server overloaded: {exc}", headers={"Retry-After": "1"})
-
-    @app.exception_handler(Exception)
-    async def _bug(_: Request, exc: Exception) -> Response:
-        log.exception("unhandled server error")
-        return _error(500, f"internal server error ({type(exc).__name__}); this is a bug, please report it")
+    for kind in (RequestError, StarletteHTTPException, SearchBackendError, OverloadedError, Exception):
+        app.add_exception_handler(kind, _mapped)
 
 
 def _make_service(searcher: Searcher, config: ServerConfig) -> SearchService:
