@@ -57,6 +57,13 @@ def _build_single(cfg: IndexBuildConfig, out: str, force: bool, parallel: FanOut
         calls = [{"store_dir": plan.out_dir, "spec": spec, "shards_dir": str(Path(plan.out_dir) / "shards"),
                   "encoder": cfg.encoder} for spec in plan.store.shards]
         shards = map_task(t.embed_shard.with_options(refresh_cache=force), calls, parallel)
+        # a cache hit whose file was deleted since (an output dir removed and rebuilt): embed those shards again
+        stale = [i for i, ref in enumerate(shards) if not Path(ref.path).exists()]
+        if stale:
+            print(f"{len(stale)} cached shard(s) no longer on disk; embedding them again")
+            redo = map_task(t.embed_shard.with_options(refresh_cache=True), [calls[i] for i in stale], parallel)
+            for i, ref in zip(stale, redo, strict=True):
+                shards[i] = ref
     return t.finalize_index(cfg, plan, shards)
 
 

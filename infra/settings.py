@@ -60,6 +60,11 @@ def get_settings() -> Settings:
     return Settings()
 
 
+def prefect_results_dir(settings: Settings | None = None) -> Path:
+    """Where Prefect persists task results and cache records for this data home."""
+    return (settings or get_settings()).home / "prefect" / "storage"
+
+
 def embedded_environment(settings: Settings | None = None) -> dict[str, str]:
     """Environment defaults for running flows with no external servers (ephemeral Prefect, local MLflow).
 
@@ -68,6 +73,9 @@ def embedded_environment(settings: Settings | None = None) -> dict[str, str]:
     s = settings or get_settings()
     defaults = {
         "PREFECT_HOME": str(s.home / "prefect"),
+        # Prefect's results default to ~/.prefect/storage whatever PREFECT_HOME says: keep task caches (embedded
+        # shards, EM selections) with the data home they describe, so a fresh home never hits a stale cache
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(prefect_results_dir(s)),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "INFO",

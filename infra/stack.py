@@ -23,7 +23,7 @@ from pydantic import Field
 
 from infra import proc
 from infra.config import StrictModel
-from infra.settings import REPO_ROOT, get_settings
+from infra.settings import REPO_ROOT, get_settings, prefect_results_dir
 
 PREFECT = "prefect-server"
 MLFLOW = "mlflow-server"
@@ -119,6 +119,7 @@ def worker_env(cfg: StackConfig) -> dict[str, str]:
     return {
         "PREFECT_API_URL": cfg.prefect_api_url,
         "PREFECT_HOME": str(cfg.home / "worker-prefect-home"),
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(prefect_results_dir()),  # caches shared with CLI runs
         "PREFECT_WORKER_QUERY_SECONDS": str(cfg.worker_query_seconds),
         "MLFLOW_TRACKING_URI": cfg.mlflow_url,
         "SEARCHLOOP_HOME": str(get_settings().home),

@@ -13,6 +13,9 @@ os.environ["SEARCHLOOP_HOME"] = str(_SESSION_HOME)
 os.environ.setdefault("SEARCHLOOP_MODEL_CACHE", str(Path(__file__).resolve().parent.parent / ".searchloop" / "models"))
 os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_SESSION_HOME / 'mlflow.db'}"
 os.environ["PREFECT_HOME"] = str(_SESSION_HOME / "prefect")
+# Prefect keeps results in ~/.prefect/storage whatever PREFECT_HOME says: a cache hit from an earlier session would
+# point at files that session's tmp dirs no longer hold
+os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = str(_SESSION_HOME / "prefect" / "storage")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -77,6 +77,26 @@ def test_flow_builds_evaluates_and_logs(prefect_harness, mini_corpus_path, data_
     assert _task_states(forced.state_details.flow_run_id)["embed_shard"] == ["Completed"] * 3
     assert forced.result().index.shards_reused == 3  # the library still reused the files
 
+    import shutil
+
+    shutil.rmtree(tmp_path / "dense")  # the user deletes the index and builds it again: the cache is stale
+    healed = build_index_flow(dense, return_state=True)
+    assert sorted(_task_states(healed.state_details.flow_run_id)["embed_shard"]) == ["Cached"] * 3 + ["Completed"] * 3
+    assert healed.result().index.n_passages == 120 and healed.result().index.shards_reused == 0
+
+
+def test_prefect_results_stay_in_the_data_home(monkeypatch) -> None:
+    """Prefect's own default (~/.prefect/storage, whatever PREFECT_HOME says) would let a later session hit this
+    one's caches; searchloop keeps them under its data home."""
+    from prefect.settings import get_current_settings
+
+    from infra.settings import embedded_environment, get_settings
+
+    assert Path(os.environ["SEARCHLOOP_HOME"]) in get_current_settings().results.local_storage_path.parents
+    monkeypatch.delenv("PREFECT_RESULTS_LOCAL_STORAGE_PATH")
+    env = embedded_environment(get_settings().model_copy(update={"home": Path("/data/home")}))
+    assert env["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] == "/data/home/prefect/storage"
+
 
 def _flat(text: str) -> str:
     return " ".join(text.split())
