@@ -472,6 +472,9 @@ def serve(searcher: Searcher, config: ServerConfig | None = None) -> None:
     import uvicorn
 
     config = config or ServerConfig()
+    if config.processes > 1:
+        raise ConfigError(f"processes={config.processes} needs every worker to load the index itself: call "
+                          "serve_processes(index, corpus, config) (the CLI's --processes does)")
     if config.host not in {"127.0.0.1", "localhost", "::1"} and config.token is None:
         log.warning("serving on %s without a token: anyone who can reach this port can query it", config.host)
     uvicorn.run(
