@@ -171,3 +171,11 @@ def test_config_rejects_default_k_above_cap() -> None:
         build_config(ServerConfig, {"default_k": 20, "limits": {"max_k": 5}})
     with pytest.raises(ConfigError, match="unknown key"):
         build_config(ServerConfig, {"limts": {}})
+
+
+def test_serve_refuses_processes_without_an_index_path(bm25) -> None:
+    from infra.errors import ConfigError
+    from retrieval.server import serve
+
+    with pytest.raises(ConfigError, match="serve_processes"):
+        serve(bm25, ServerConfig(processes=2))
