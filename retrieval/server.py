@@ -148,35 +148,63 @@ def check_request(queries: list[str], k: int, k_name: str, limits: LimitsConfig)
         raise RequestError(422, f"{k_name}={k} exceeds this server's cap of {limits.max_k}; ask for at most that")
 
 
-class BodyLimitMiddleware:
-    """Pure ASGI middleware: answer 413 to bodies over ``max_bytes`` (by header, or counted while buffering)."""
+class BodyTooLarge(Exception):
+    """A request body over the configured limit."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+
+async def read_limited_body(scope: dict[str, Any], receive: Any, max_bytes: int) -> bytes | None:
+    """The whole request body (None if the client disconnected).
+
+    Raises:
+        BodyTooLarge: the Content-Length header or the bytes received so far exceed ``max_bytes``.
+    """
+    length = dict(scope["headers"]).get(b"content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        total += len(chunks[-1])
+        if total > max_bytes:
+            raise BodyTooLarge
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def bearer_ok(authorization: bytes | str, expected: bytes) -> bool:
+    """True when an ``Authorization`` header value is ``Bearer <expected>`` (constant-time comparison)."""
+    raw = authorization.encode() if isinstance(authorization, str) else authorization
+    scheme, _, given = raw.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), expected)
+
+
+class BodyLimitMiddleware:
+    """Pure ASGI middleware: answer 413 to bodies over ``max_bytes`` (by header, or counted while buffering).
+
+    ``reject(max_bytes)`` builds the 413 response (default: this server's JSON error shape).
+    """
+
+    def __init__(self, app: Any, max_bytes: int, reject: Callable[[int], Response] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.reject = reject or _too_large
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._reject(send)
+        try:
+            body = await read_limited_body(scope, receive, self.max_bytes)
+        except BodyTooLarge:
+            await self.reject(self.max_bytes)(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            total += len(chunks[-1])
-            if total > self.max_bytes:
-                await self._reject(send)
-                return
-            if not message.get("more_body", False):
-                break
-        body, replayed = b"".join(chunks), False
+        if body is None:
+            return
+        replayed = False
 
         async def replay() -> dict[str, Any]:
             nonlocal replayed
@@ -186,11 +214,6 @@ class BodyLimitMiddleware:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
-
-    async def _reject(self, send: Any) -> None:
-        response = _too_large(self.max_bytes)
-        await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
-        await send({"type": "http.response.body", "body": response.body})
 
 
 def _validation_error(raw: Any) -> Response:
@@ -248,30 +271,19 @@ class FastJSONRoutes:
 
     async def _respond(self, route: tuple[type[BaseModel], JsonHandler], scope: dict[str, Any], receive: Any
                        ) -> Response | None:
-        headers = dict(scope["headers"])
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+        try:
+            body = await read_limited_body(scope, receive, self.max_bytes)
+        except BodyTooLarge:
             return _too_large(self.max_bytes)
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunks.append(message.get("body", b""))
-            total += len(chunks[-1])
-            if total > self.max_bytes:
-                return _too_large(self.max_bytes)
-            if not message.get("more_body", False):
-                break
-        if self.expected is not None:
-            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
-                return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'",
-                              headers={"WWW-Authenticate": "Bearer"})
+        if body is None:
+            return None
+        if self.expected is not None and not bearer_ok(dict(scope["headers"]).get(b"authorization", b""),
+                                                       self.expected):
+            return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'",
+                          headers={"WWW-Authenticate": "Bearer"})
         model, handle = route
         try:
-            request = model.model_validate_json(b"".join(chunks) or b"null")
+            request = model.model_validate_json(body or b"null")
         except ValidationError as exc:
             return _validation_error({**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors())
         try:
@@ -314,8 +326,7 @@ def _auth_dependency(config: ServerConfig) -> Any:
     async def check_token(request: Request) -> None:
         if expected is None:
             return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        if not bearer_ok(request.headers.get("authorization", ""), expected):
             raise StarletteHTTPException(
                 401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'",
                 headers={"WWW-Authenticate": "Bearer"},

@@ -21,7 +21,6 @@ default. Model output is returned as text, never executed.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import logging
 import time
@@ -38,6 +37,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, StrictInt, StrictStr, field_validator
 
 from infra.config import StrictModel
+from retrieval.server import BodyLimitMiddleware, bearer_ok
 from training.generation import Completion, Generator, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -270,16 +270,15 @@ def create_generation_app(generator: Generator, config: GenerationServerConfig |
         return _error(exc.status, exc.message, exc.kind)
 
     @app.middleware("http")
-    async def _guard(request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > config.max_body_bytes:
-            return _error(413, f"request body exceeds {config.max_body_bytes} bytes; send fewer prompts")
-        if expected is not None and request.url.path.startswith("/v1/"):
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-                return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'",
-                              "authentication_error")
+    async def _auth(request: Request, call_next: Any) -> Response:
+        if expected is not None and request.url.path.startswith("/v1/") and not bearer_ok(
+                request.headers.get("authorization", ""), expected):
+            return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'",
+                          "authentication_error")
         return await call_next(request)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, reject=lambda n: _error(
+        413, f"request body exceeds {n} bytes; send fewer prompts"))  # outermost: counted, not just declared
 
     def _check(req: _Sampling, rows: int) -> None:
         if req.model != config.served_name:

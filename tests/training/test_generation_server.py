@@ -107,3 +107,16 @@ def test_eval_openai_backend_gets_the_served_models_tokenizer(served) -> None:
 
     assert _served_tokenizer("smollm2", None).chat_template
     assert _served_tokenizer("gpt-4o-mini", None) is None
+
+
+def test_oversize_body_gets_413_even_without_content_length(served) -> None:
+    """The limit counts received bytes (a chunked upload declares no length), with OpenAI's error shape."""
+    url, _ = served
+
+    def chunks():
+        for _ in range(9):
+            yield b"x" * 1_000_000
+
+    with httpx.Client(headers={"Authorization": "Bearer tok", "Content-Type": "application/json"}) as http:
+        r = http.post(f"{url}/completions", content=chunks())
+    assert r.status_code == 413 and "exceeds" in r.json()["error"]["message"]
