@@ -269,6 +269,12 @@ def create_generation_app(generator: Generator, config: GenerationServerConfig |
     async def _api(_: Request, exc: _ApiError) -> Response:
         return _error(exc.status, exc.message, exc.kind)
 
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> Response:
+        log.error("unhandled generation server error", exc_info=exc)
+        return _error(500, f"internal server error ({type(exc).__name__}); this is a bug, please report it",
+                      "server_error")
+
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Response:
         if expected is not None and request.url.path.startswith("/v1/") and not bearer_ok(
@@ -316,8 +322,12 @@ def create_generation_app(generator: Generator, config: GenerationServerConfig |
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise _ApiError(400, "this model has no chat template; use /v1/completions with a rendered prompt")
         _check(req, req.n)
-        prompt = tokenizer.apply_chat_template([m.model_dump() for m in req.messages], tokenize=False,
-                                               add_generation_prompt=True)
+        try:
+            prompt = tokenizer.apply_chat_template([m.model_dump() for m in req.messages], tokenize=False,
+                                                   add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001 - templates raise on conversations they do not accept
+            raise _ApiError(400, f"the model's chat template rejected these messages ({exc}); "
+                                 "check the roles and their order") from exc
         comps = await batcher.submit([prompt], req.max_tokens, _sampling(req, req.logprobs))
         body = {"id": f"chatcmpl-{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
                 "model": config.served_name, "usage": _usage([prompt], comps),
