@@ -261,7 +261,7 @@ def test_adaptive_wait_merges_returning_clients_and_never_delays_a_lone_request(
     fake = CountingSearcher(delay_s=0.1)
 
     async def main():
-        batcher = MicroBatcher(fake.search, max_batch_queries=64, max_wait_s=0.2)
+        batcher = MicroBatcher(fake.search, max_batch_queries=64, max_wait_s=2.0)
         await batcher.start()
         try:
             t0 = time.perf_counter()
@@ -279,14 +279,14 @@ def test_adaptive_wait_merges_returning_clients_and_never_delays_a_lone_request(
             await batcher.close()
 
     lone = _run(main())
-    assert lone < 0.18  # the 100 ms search, no wait on top
+    assert lone < 1.0  # the 100 ms search, none of the 2 s wait on top (loose: CI machines are busy)
     sizes = [len(q) for q, _ in fake.calls]
     assert sizes == [1, 8, 8], sizes
 
     cheap = CountingSearcher(delay_s=0.001)  # the wait is capped at a quarter of a batch's search time
 
     async def cheap_main():
-        batcher = MicroBatcher(cheap.search, max_batch_queries=64, max_wait_s=0.5)
+        batcher = MicroBatcher(cheap.search, max_batch_queries=64, max_wait_s=5.0)
         await batcher.start()
         try:
             await asyncio.gather(*(batcher.submit([f"a{i}"], 1) for i in range(8)))
@@ -296,4 +296,4 @@ def test_adaptive_wait_merges_returning_clients_and_never_delays_a_lone_request(
         finally:
             await batcher.close()
 
-    assert _run(cheap_main()) < 0.1
+    assert _run(cheap_main()) < 1.0  # far below the 5 s max_wait
