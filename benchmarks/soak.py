@@ -55,12 +55,13 @@ def _rss_mb(pid: int) -> float:
     return round(sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20, 1)
 
 
-def _serve(kind: str, port: int, source: str) -> None:
+def _serve(kind: str, port: int, source: str, cache_mb: float | None = None) -> None:
     """Child process: run one server in the foreground (library entry points, default limits)."""
     if kind == "retriever":
         from retrieval.server import ServerConfig, open_source, serve
 
-        serve(open_source(None, source), ServerConfig(port=port, token=TOKEN))
+        extra = {} if cache_mb is None else {"cache_bytes": int(cache_mb * 2**20)}
+        serve(open_source(None, source), ServerConfig(port=port, token=TOKEN, **extra))
     else:
         from training.generation.hf import TransformersGenerator
         from training.generation.server import GenerationServerConfig, serve_generator
@@ -70,11 +71,14 @@ def _serve(kind: str, port: int, source: str) -> None:
 
 
 @contextmanager
-def _server(kind: str, source: str, health_timeout_s: float = 300):
+def _server(kind: str, source: str, health_timeout_s: float = 300, cache_mb: float | None = None):
     """Start one server (``_serve`` in a child process) on a free loopback port; yield (url, pid)."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--port", str(port), "--source", source],
+    cmd = [sys.executable, __file__, "--serve", kind, "--port", str(port), "--source", source]
+    if cache_mb is not None:
+        cmd += ["--cache-mb", str(cache_mb)]
+    proc = subprocess.Popen(cmd,
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -151,11 +155,22 @@ def _summary(stats: dict[str, Any]) -> dict[str, Any]:
             "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1)}
 
 
-async def _soak(targets: list[tuple[str, Any, int]], duration: float) -> list[dict[str, Any]]:
+async def _sample_rss(pids: list[int], every: float, until: float, timeline: list[list[float]]) -> None:
+    """Record each server's RSS (MiB) every ``every`` seconds until the soak ends."""
+    start = time.monotonic()
+    while time.monotonic() < until:
+        await asyncio.sleep(min(every, max(0.0, until - time.monotonic())))
+        timeline.append([round(time.monotonic() - start, 1), *(_rss_mb(pid) for pid in pids)])
+
+
+async def _soak(targets: list[tuple[str, Any, int]], duration: float, pids: list[int] | None = None,
+                rss_every: float = 10.0, timeline: list[list[float]] | None = None) -> list[dict[str, Any]]:
     until = time.monotonic() + duration
     all_stats = [{"requests": 0, "failures": Counter(), "latency": []} for _ in targets]
     tasks = [_client(url, make, seed, until, all_stats[t])
              for t, (url, make, clients) in enumerate(targets) for seed in range(1, clients + 1)]
+    if pids and timeline is not None:
+        tasks.append(_sample_rss(pids, rss_every, until, timeline))
     await asyncio.gather(*tasks)
     return [_summary(s) for s in all_stats]
 
@@ -169,15 +184,19 @@ def main() -> None:
     ap.add_argument("--corpus", default=str(REPO / "data" / "corpus" / "mini.jsonl"))
     ap.add_argument("--model", default="smollm2", help="Generator model ('smollm2', an HF folder or a .gguf).")
     ap.add_argument("--warmup", type=float, default=3.0, help="Seconds of load before the first RSS reading.")
+    ap.add_argument("--cache-mb", type=float, default=None,
+                    help="Retriever query-cache bound in MiB (server default 256). Half the queries are fresh, so the "
+                         "cache fills during the soak; a small bound shows the RSS growth is the cache, not a leak.")
+    ap.add_argument("--rss-every", type=float, default=10.0, help="Seconds between RSS samples (the timeline).")
     ap.add_argument("--serve", choices=["retriever", "generator"], help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--source", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        _serve(args.serve, args.port, args.source)
+        _serve(args.serve, args.port, args.source, args.cache_mb)
         return
 
-    with _server("retriever", args.corpus) as (r_url, r_pid):
+    with _server("retriever", args.corpus, cache_mb=args.cache_mb) as (r_url, r_pid):
         servers: list[tuple[str, Any, int, int, str]] = [
             (r_url, _retriever_request, args.retriever_clients, r_pid, "retriever")]
         gen_ctx = _server("generator", args.model) if args.generator_clients > 0 else None
@@ -193,13 +212,17 @@ def main() -> None:
             asyncio.run(_soak(targets, args.warmup))
             before = [_rss_mb(pid) for *_, pid, _ in servers]
             t0 = time.monotonic()
-            results = asyncio.run(_soak(targets, args.duration))
+            timeline: list[list[float]] = []
+            results = asyncio.run(_soak(targets, args.duration, [pid for *_, pid, _ in servers], args.rss_every,
+                                        timeline))
             wall = time.monotonic() - t0
             after = [_rss_mb(pid) for *_, pid, _ in servers]
         finally:
             if gen_ctx is not None:
                 gen_ctx.__exit__(None, None, None)
-    out = {"duration_s": round(wall, 1), "clients": {name: n for _, _, n, _, name in servers}}
+    out = {"duration_s": round(wall, 1), "clients": {name: n for _, _, n, _, name in servers},
+           "retriever_cache_mb": args.cache_mb if args.cache_mb is not None else 256.0,
+           "rss_timeline_mb": {"columns": ["t_s", *(name for *_, name in servers)], "rows": timeline}}
     for (*_, name), res, b, a in zip(servers, results, before, after, strict=True):
         out[name] = {**res, "rss_mb_before": b, "rss_mb_after": a, "rss_growth_mb": round(a - b, 1),
                      "requests_per_s": round(res["requests"] / wall, 1)}
