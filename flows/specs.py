@@ -220,7 +220,7 @@ def refuse_secret_overrides(overrides: Iterable[str]) -> None:
 
 FILE_KEYS = {"corpus", "files", "fireact_file", "path", "train", "val", "benchmarks", "datasets"}
 DIR_KEYS = {"index"}
-BENCHMARK_KEYS = {"path", "train", "val", "benchmarks", "datasets"}  # may also hold a benchmark name
+BENCHMARK_KEYS = {"path", "files", "train", "val", "benchmarks", "datasets"}  # may also hold a benchmark name
 
 
 def _strings(value: Any) -> list[str]:
