@@ -194,7 +194,12 @@ def serve(address: str, model_path: str, llm_kwargs: dict[str, Any]) -> None:
         if msg.get("close"):
             return
         try:
+            t0 = time.perf_counter()
             comps = gen.generate(msg["prompts"], SamplingParams(**msg["sampling"]), msg.get("max_tokens"))
+            # one line per call in the worker log: what a slow or stuck call was doing is then on record
+            print(f"searchloop-vllm-worker: generate {len(msg['prompts'])} prompts, "
+                  f"{sum(len(c.token_ids) for c in comps)} tokens out in {time.perf_counter() - t0:.2f} s",
+                  flush=True)
             conn.send({"completions": [dataclasses.asdict(c) for c in comps]})
         except Exception as exc:  # noqa: BLE001 - one bad call must not kill the engine; the parent raises it
             conn.send({"error": f"{type(exc).__name__}: {exc}"})
