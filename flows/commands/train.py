@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from flows.commands._flow import flow_command
 from flows.commands._run_group import run_app
+
+if TYPE_CHECKING:
+    from training.em.records import IterationResult
 
 console = Console()
 
@@ -21,15 +26,19 @@ def _run(cfg, preset: str, overrides: tuple[str, ...]) -> None:  # noqa: ANN001 
     logging.getLogger("training").setLevel(logging.INFO)
     from flows.em_loop import em_loop
 
-    history = em_loop(preset, overrides)
+    console.print(history_table(em_loop(preset, overrides)))
+
+
+def history_table(history: list[IterationResult]) -> Table:
+    """The per-iteration held-out table the CLI prints after the EM loop."""
     table = Table(title="held-out results per iteration (95% bootstrap intervals)")
     for col in ("iteration", "F1", "F1 interval", "EM", "EM interval", "version", "champion moved"):
         table.add_column(col)
     for h in history:
         table.add_row(str(h.iteration), f"{h.f1.mean:.4f}", f"[{h.f1.low:.4f}, {h.f1.high:.4f}]",
-                      f"{h.em['mean']:.4f}", f"[{h.em['low']:.4f}, {h.em['high']:.4f}]", h.version,
+                      f"{h.em.mean:.4f}", f"[{h.em.low:.4f}, {h.em.high:.4f}]", h.version,
                       "yes" if h.promoted else "no")
-    console.print(table)
+    return table
 
 
 def register(app: typer.Typer) -> None:

@@ -154,3 +154,21 @@ def test_every_preset_passes_its_own_input_check(shared_data, monkeypatch) -> No
             except Exception as exc:  # noqa: BLE001 - collect every failure with its preset
                 failures[f"{flow}:{preset.name}"] = str(exc)
     assert not failures, failures
+
+
+def test_em_loop_table_renders_typed_iteration_results() -> None:
+    """The EM CLI's closing table reads the typed records (it once indexed ``h.em['mean']`` and crashed after a
+    finished run)."""
+    from rich.console import Console
+
+    from evaluation.metrics import MetricSummary
+    from flows.commands.train import history_table
+    from training.em.records import IterationResult
+
+    f1, em = MetricSummary(mean=0.125, low=0.0, high=0.375, n=8), MetricSummary(mean=0.25, low=0.0, high=0.5, n=8)
+    rows = [IterationResult(iteration=i, checkpoint=f"/tmp/ckpt{i}", f1=f1, em=em, version=str(i + 1),
+                            promoted=i == 1) for i in range(2)]
+    console = Console(record=True, width=200)
+    console.print(history_table(rows))
+    text = console.export_text()
+    assert "0.1250" in text and "[0.0000, 0.5000]" in text and "yes" in text
