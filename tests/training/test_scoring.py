@@ -86,6 +86,29 @@ def test_scores_match_manual_and_are_batch_invariant(tiny, tok) -> None:
     assert math.isnan(too_long.sum_logprob)
 
 
+def test_answer_scores_use_logits_at_scored_positions_only(tiny, tok) -> None:
+    """Answer-only scores in one padded batch (answers at different positions per row) equal the full-logits manual
+    ones, with the model's ``logits_to_keep`` and without it (a forward that lacks the argument)."""
+
+    class NoKeep(torch.nn.Module):
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask=None):  # noqa: ANN001, ANN202 - test double
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    short = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "x"}]
+    items = [ScoringInput(trajectory_id="a", question_id="q", messages=CHAT, gold_answer="Paris"),
+             ScoringInput(trajectory_id="c", question_id="r", messages=short, gold_answer="a much longer gold answer")]
+    cfg = ScoringConfig(tokens="answer", batch_tokens=4096)
+    for model in (tiny, NoKeep(tiny)):
+        got = score_trajectories(items, "unused", cfg, model=model, tokenizer=tok)
+        for it, g in zip(items, got, strict=True):
+            want, n = _manual(tiny, tok, with_gold_answer(it.messages, it.gold_answer), "answer")
+            assert g.n_tokens == n and g.sum_logprob == pytest.approx(want, rel=1e-4, abs=1e-4)
+
+
 @pytest.mark.slow
 def test_real_model_prefers_the_supported_answer(smol_path) -> None:
     """SmolLM2-135M: with the document in context, the supported gold answer is more likely than an unrelated one."""

@@ -20,6 +20,7 @@ engine supervises (content plus the end-of-turn marker). The template must be pr
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Sequence
@@ -129,12 +130,22 @@ def _forward_logprobs(model: Any, seqs: list[list[int]], masks: list[list[int]],
         att[row, : len(s)] = 1
         lab_mask[row, : len(m)] = torch.tensor(m, dtype=torch.bool)
     ids, att, lab_mask = ids.to(device), att.to(device), lab_mask.to(device)
-    logits = model(input_ids=ids, attention_mask=att).logits[:, :-1, :].float()
-    target = ids[:, 1:]
+    # logits only where a scored token is predicted: hidden position j predicts token j + 1. With answer-only scoring
+    # that is a few positions instead of B x T x vocab floats (11.6 GB at 8k tokens x 49k vocab, enough to be
+    # OOM-killed beside another run); models whose forward takes ``logits_to_keep`` (transformers' causal LMs)
+    # apply their own head and post-processing to just those positions.
+    keep = torch.nonzero(lab_mask[:, 1:].any(dim=0)).squeeze(1)
+    if keep.numel() == 0:
+        return [0.0] * len(seqs)
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        logits = model(input_ids=ids, attention_mask=att, logits_to_keep=keep).logits.float()
+    else:
+        logits = model(input_ids=ids, attention_mask=att).logits[:, keep, :].float()
+    target, scored = ids[:, keep + 1], lab_mask[:, keep + 1]
     token_lp = -torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none"
     ).view(target.shape)
-    return (token_lp * lab_mask[:, 1:]).sum(dim=1).tolist()
+    return (token_lp * scored).sum(dim=1).tolist()
 
 
 def score_trajectories(
