@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,15 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "sear
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the session home (MLflow store, run folders, Prefect home: GBs after the slow tests) unless
+    ``SEARCHLOOP_KEEP_TEST_HOME=1`` asks to keep it for a post-mortem."""
+    if os.environ.get("SEARCHLOOP_KEEP_TEST_HOME") == "1":
+        print(f"\nsearchloop test home kept: {_SESSION_HOME}")
+        return
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
