@@ -11,7 +11,7 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.dispatch import execute_step_task, record_step_process
+from tasks.dispatch import execute_step_task
 
 WORK_POOL = "gpu"
 
@@ -19,5 +19,4 @@ WORK_POOL = "gpu"
 @flow(name="gpu-step", log_prints=True)
 def gpu_step(step: str, params: dict[str, Any] | None = None, result_uri: str | None = None) -> Any:
     """Run ``step`` (a name from ``tasks.dispatch.STEPS``) with ``params`` (JSON, models tagged by class)."""
-    record_step_process()
     return execute_step_task(step, params or {}, result_uri)

@@ -32,6 +32,7 @@ ZOMBIE_AUTOMATION = "searchloop: crash zombie flow runs"
 # heartbeats at this period unless its own environment says otherwise (CLI runs included), so the zombie automation
 # must allow for it: a shorter window would crash live runs between two heartbeats.
 HEARTBEAT_SECONDS = 180
+HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
 
 
 class StackConfig(StrictModel):
@@ -178,21 +179,29 @@ def limit_gpu_concurrency(cfg: StackConfig, n_gpus: int) -> None:
                timeout=10).raise_for_status()
 
 
-def ensure_zombie_automation(cfg: StackConfig, missed_heartbeats: int = 3) -> str:
-    """Create (once) Prefect's own zombie-run detection: an automation that marks a flow run Crashed when it sent
-    no heartbeat for ``missed_heartbeats`` periods and did not finish (Prefect's documented recipe,
-    docs.prefect.io/v3/advanced/detect-zombie-flows). Returns the automation id.
+def ensure_zombie_automation(cfg: StackConfig, missed_heartbeats: int = 3,
+                             heartbeat_seconds: int = HEARTBEAT_SECONDS) -> str:
+    """Create (or update) Prefect's own zombie-run detection on the stack's server: an automation that marks a flow
+    run Crashed when it sent no heartbeat for ``missed_heartbeats`` periods of ``heartbeat_seconds`` and did not
+    finish (Prefect's documented recipe, docs.prefect.io/v3/advanced/detect-zombie-flows). Returns its id.
 
     A Crashed run is then retried by its caller like any other crash (a dispatched gpu step: the calling task's
     retries), whoever started it and wherever its worker died.
     """
-    api = cfg.prefect_api_url
+    return ensure_zombie_automation_at(cfg.prefect_api_url, missed_heartbeats * heartbeat_seconds)
+
+
+def ensure_zombie_automation_at(api: str, within: int, replace: bool = True) -> str:
+    """Make sure the Prefect server at ``api`` has the zombie automation (window ``within`` seconds); returns its id.
+
+    With ``replace`` an existing one with another window is replaced; without, any existing one is kept (what a
+    dispatching task does: the stack's owner chose the window).
+    """
     found = httpx.post(f"{api}/automations/filter", json={}, timeout=15)
     found.raise_for_status()
-    within = missed_heartbeats * HEARTBEAT_SECONDS
     for automation in found.json():
         if automation["name"] == ZOMBIE_AUTOMATION:
-            if automation["trigger"].get("within") == within:
+            if automation["trigger"].get("within") == within or not replace:
                 return automation["id"]
             httpx.delete(f"{api}/automations/{automation['id']}", timeout=15).raise_for_status()  # outdated
     body = {
@@ -272,7 +281,8 @@ def up(cfg: StackConfig) -> dict[str, float]:
         timings[f"worker-{pool}"] = wait_worker_online(cfg, pool)
     if "gpu" in pools:
         limit_gpu_concurrency(cfg, max(1, cuda_device_count()))
-    ensure_zombie_automation(cfg)
+    # the window follows the heartbeat period the stack's runs are given (extra_env), else Prefect's default
+    ensure_zombie_automation(cfg, heartbeat_seconds=int(cfg.extra_env.get(HEARTBEAT_ENV, HEARTBEAT_SECONDS)))
     write_state(cfg)
     return timings
 

@@ -5,11 +5,15 @@ arguments. By default (``SEARCHLOOP_DISPATCH`` unset or ``local``) the library f
 ``SEARCHLOOP_DISPATCH=pool`` and a Prefect server configured, the call becomes a flow run of the ``gpu-step``
 deployment (``flows/gpu_step.py``, deployed on the ``gpu`` pool): the arguments travel as JSON (pydantic models
 tagged with their class), a worker of that pool executes the step and writes the JSON result to ``result_uri``
-(local path or ``s3://``, via ``infra.artifacts``), and the calling task waits for the run. A run that ends
-Failed, Crashed or Cancelled raises :class:`StepFailed`, so the calling task's own retries re-dispatch it; a run
-whose process vanished without any report (``kill -9`` of the worker and its child on this host), or that
-sent no flow-run heartbeat for ``SEARCHLOOP_DISPATCH_STALE_SECONDS`` (a dead remote node), is marked Crashed here
-first.
+(local path or ``s3://``, via ``infra.artifacts``), and the calling task waits for the run with Prefect's own
+``wait_for_flow_run``. A run that ends Failed, Crashed or Cancelled raises :class:`StepFailed`, so the calling
+task's own retries re-dispatch it; one still unfinished after the timeout is cancelled.
+
+Crash detection is Prefect's, not ours: a worker reports a step process that died under it as Crashed, and a run
+whose worker or node died with it (no one left to report) stops sending flow-run heartbeats and is marked Crashed
+by Prefect's zombie-run automation (``infra.stack.ensure_zombie_automation``; :func:`ensure_crash_detection`
+makes sure the server has it). What stays here is what Prefect has no primitive for: running a *named library
+step* (:data:`STEPS`) on another pool with typed arguments and getting its result back (encode/decode).
 
 Only names in :data:`STEPS` can run, and only pydantic models from our own packages are rebuilt from JSON.
 """
@@ -19,8 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import PurePath
@@ -41,9 +43,7 @@ STEPS: dict[str, str] = {
 MODEL_PACKAGES = ("infra.", "retrieval.", "evaluation.", "training.")
 DISPATCH_ENV = "SEARCHLOOP_DISPATCH"
 RESULTS_ENV = "SEARCHLOOP_DISPATCH_RESULTS"
-STALE_ENV = "SEARCHLOOP_DISPATCH_STALE_SECONDS"
 STEP_DEPLOYMENT = "gpu-step/default"
-FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 class StepFailed(SearchloopError):
@@ -149,109 +149,53 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger(__name__)
 
 
-HOST_LABEL, PID_LABEL = "searchloop.host", "searchloop.pid"
+_AUTOMATION_CHECKED: set[str] = set()
 
 
-def record_step_process() -> None:
-    """Label the current flow run with this host and process id (read by :func:`wait_for_run`)."""
-    from prefect.client.orchestration import get_client
-    from prefect.context import FlowRunContext
-
-    ctx = FlowRunContext.get()
-    if ctx is None or ctx.flow_run is None:
-        return
-    with get_client(sync_client=True) as client:
-        client.update_flow_run_labels(ctx.flow_run.id, {HOST_LABEL: socket.gethostname(), PID_LABEL: str(os.getpid())})
-
-
-def _process_gone(labels: dict[str, Any] | None) -> bool:
-    """True when the run's recorded process is on this host and no longer alive."""
-    import psutil
-
-    host, pid = (labels or {}).get(HOST_LABEL), str((labels or {}).get(PID_LABEL, ""))
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        return psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def stale_after_seconds() -> float:
-    """Seconds without a flow-run heartbeat after which a Running step counts as dead (any host).
-
-    ``SEARCHLOOP_DISPATCH_STALE_SECONDS``, else three heartbeat periods (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``).
+def ensure_crash_detection() -> None:
+    """Make sure the Prefect server this process talks to has the zombie-run automation (``infra.stack``), once per
+    process and server: pool mode then detects a killed worker or node even on a stack ``searchloop up`` did not
+    start. An existing automation is kept as it is; a new one allows three heartbeat periods of this process's
+    ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``.
     """
-    from prefect.settings import get_current_settings
+    from prefect.settings import PREFECT_API_URL, get_current_settings
 
-    env = os.environ.get(STALE_ENV)
-    return float(env) if env else 3.0 * float(get_current_settings().flows.heartbeat_frequency or 180)
+    from infra.stack import HEARTBEAT_SECONDS, ensure_zombie_automation_at
 
-
-def _silent_for(client: Any, run: Any) -> float:
-    """Seconds since the run's last heartbeat event (or its start when it sent none yet)."""
-    from datetime import datetime, timezone
-
-    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
-
-    start = run.start_time or run.expected_start_time
-    flt = EventFilter(event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
-                      resource=EventResourceFilter(id=[f"prefect.flow-run.{run.id}"]),
-                      occurred=EventOccurredFilter(since=start))
-    seen = [e.occurred for e in client.read_events(flt, limit=1).events]
-    last = max([start, *seen])
-    return (datetime.now(timezone.utc) - last).total_seconds()
+    api = str(PREFECT_API_URL.value()).rstrip("/")
+    if api in _AUTOMATION_CHECKED:
+        return
+    period = int(get_current_settings().flows.heartbeat_frequency or HEARTBEAT_SECONDS)
+    ensure_zombie_automation_at(api, 3 * period, replace=False)
+    _AUTOMATION_CHECKED.add(api)
 
 
-def _dead_reason(client: Any, run: Any, stale_after: float, check_heartbeat: bool = True) -> str | None:
-    """Why a Running step is dead (its process gone on this host, or silent too long), or None."""
-    if _process_gone(run.labels):
-        return f"process {run.labels.get(PID_LABEL)} of the flow run is gone (worker or node killed)"
-    silent = _silent_for(client, run) if check_heartbeat else 0.0
-    if silent > stale_after:
-        return f"no heartbeat for {silent:.0f} s (> {stale_after:.0f} s): its worker or node is presumed dead"
-    return None
-
-
-def wait_for_run(flow_run_id: uuid.UUID, timeout: float | None = None, poll: float = 2.0,
-                 stale_after: float | None = None) -> Any:
-    """Poll a flow run until it is final; returns the final flow run.
-
-    A run still Running whose process on this host is gone (worker killed with its child), or that sent no
-    heartbeat for ``stale_after`` seconds (default :func:`stale_after_seconds`; a dead remote node), is set Crashed.
+def wait_for_run(flow_run_id: uuid.UUID, timeout: float | None = None) -> Any:
+    """Wait (Prefect's ``wait_for_flow_run``) until a flow run is final; returns the final flow run.
 
     Raises:
-        StepFailed: when ``timeout`` seconds pass first (the run is cancelled).
+        StepFailed: when ``timeout`` seconds pass first (the run is then cancelled).
     """
     from prefect.client.orchestration import get_client
-    from prefect.states import Cancelled, Crashed
+    from prefect.exceptions import FlowRunWaitTimeout
+    from prefect.flow_runs import wait_for_flow_run
+    from prefect.states import Cancelled
+    from prefect.utilities.asyncutils import run_coro_as_sync
 
-    stale_after = stale_after_seconds() if stale_after is None else stale_after
-    deadline = None if timeout is None else time.monotonic() + timeout
-    next_heartbeat_check = time.monotonic() + min(30.0, stale_after / 3)
-    with get_client(sync_client=True) as client:
-        while True:
+    try:
+        return run_coro_as_sync(wait_for_flow_run(flow_run_id, timeout=None if timeout is None else int(timeout)))
+    except FlowRunWaitTimeout:
+        with get_client(sync_client=True) as client:
             run = client.read_flow_run(flow_run_id)
-            state = run.state.type.value if run.state else "PENDING"
-            if state in FINAL:
-                return run
-            check = time.monotonic() >= next_heartbeat_check  # events queries are rarer than state polls
-            if check:
-                next_heartbeat_check = time.monotonic() + min(30.0, stale_after / 3)
-            reason = _dead_reason(client, run, stale_after, check) if state == "RUNNING" else None
-            if reason:
-                client.set_flow_run_state(flow_run_id, Crashed(message=reason), force=True)
-                continue
-            if deadline is not None and time.monotonic() > deadline:
-                with contextlib.suppress(Exception):
-                    client.set_flow_run_state(flow_run_id, Cancelled(message="dispatch timeout"), force=True)
-                raise StepFailed(f"flow run {run.name} ({flow_run_id}) still {state} after {timeout:.0f} s; "
-                                 "is a worker polling its pool? (`searchloop status`)")
-            time.sleep(poll)
+            with contextlib.suppress(Exception):
+                client.set_flow_run_state(flow_run_id, Cancelled(message="dispatch timeout"), force=True)
+        state = run.state.type.value if run.state else "PENDING"
+        raise StepFailed(f"flow run {run.name} ({flow_run_id}) still {state} after {timeout:.0f} s; "
+                         "is a worker polling its pool? (`searchloop status`)") from None
 
 
 def run_step_on_pool(step: str, kwargs: dict[str, Any], deployment: str = STEP_DEPLOYMENT,
-                     timeout: float | None = None, poll: float = 2.0) -> Any:
+                     timeout: float | None = None) -> Any:
     """Submit ``step`` as a flow run of ``deployment``, wait for it and return its decoded result.
 
     Raises:
@@ -260,13 +204,14 @@ def run_step_on_pool(step: str, kwargs: dict[str, Any], deployment: str = STEP_D
     from prefect.deployments import run_deployment
 
     resolve_step(step)  # fail fast on an unknown name, before anything is submitted
+    ensure_crash_detection()
     result_uri = artifacts.join(results_root(), f"{step}-{uuid.uuid4().hex}.json")
     params = {"step": step, "params": encode(kwargs), "result_uri": result_uri}
     run = run_deployment(deployment, parameters=params, timeout=0, as_subflow=True,
                          flow_run_name=f"{step}-{uuid.uuid4().hex[:8]}")
     log = _logger()
     log.info("step %s dispatched to %s as flow run %s (%s)", step, deployment, run.name, run.id)
-    final = wait_for_run(run.id, timeout, poll)
+    final = wait_for_run(run.id, timeout)
     state = final.state.type.value
     if state != "COMPLETED":
         message = (final.state.message or "").strip()

@@ -22,6 +22,7 @@ from infra.settings import get_settings
 
 REPO = Path(__file__).resolve().parents[2]
 MINI_CORPUS = REPO / "data" / "corpus" / "mini.jsonl"
+HEARTBEAT = 30  # seconds between flow-run heartbeats on the test stack (PREFECT_FLOWS_HEARTBEAT_FREQUENCY, minimum 30)
 
 
 @dataclass
@@ -34,12 +35,13 @@ class Stack:
     @contextmanager
     def client_env(self, mlflow_uri: str | None = None) -> Iterator[None]:
         """Point in-process Prefect and MLflow clients at the stack for the block."""
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
         old = os.environ.get("MLFLOW_TRACKING_URI")
         os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri or self.cfg.mlflow_url
         try:
-            with temporary_settings(updates={PREFECT_API_URL: self.cfg.prefect_api_url}):
+            with temporary_settings(updates={PREFECT_API_URL: self.cfg.prefect_api_url,
+                                             PREFECT_FLOWS_HEARTBEAT_FREQUENCY: HEARTBEAT}):
                 yield
         finally:
             if old is None:
@@ -78,8 +80,14 @@ def ops_stack(moto_s3: str) -> Iterator[Stack]:
         pools=["cpu"], scheduler_loop_seconds=2, worker_query_seconds=2,
         extra_env={"PREFECT_WORKER_PREFETCH_SECONDS": "5", "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.5",
                    "PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS": "3", "PREFECT_SERVER_SERVICES_SCHEDULER_MIN_RUNS": "1",
-                   "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false"},
+                   "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
+                   # runs heartbeat at Prefect's minimum period; `up` sizes the zombie automation from it (3 periods)
+                   stack.HEARTBEAT_ENV: str(HEARTBEAT)},
     )
+    # every run against this stack (workers' runs, CLI subprocesses, in-process flows) heartbeats at HEARTBEAT, so
+    # the short zombie window below crashes only runs that really stopped
+    old_heartbeat = os.environ.get(stack.HEARTBEAT_ENV)
+    os.environ[stack.HEARTBEAT_ENV] = str(HEARTBEAT)
     try:
         timings = stack.up(cfg)
         s = Stack(cfg=cfg, timings=timings)
@@ -92,6 +100,10 @@ def ops_stack(moto_s3: str) -> Iterator[Stack]:
         yield s
     finally:
         stack.down(cfg, timeout=5)
+        if old_heartbeat is None:
+            os.environ.pop(stack.HEARTBEAT_ENV, None)
+        else:
+            os.environ[stack.HEARTBEAT_ENV] = old_heartbeat
 
 
 @pytest.fixture()

@@ -3,9 +3,6 @@ refs, mode selection, in-process default, task runner choice, sequential fan-out
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,18 +64,6 @@ def test_run_step_local_calls_the_library_function(monkeypatch):
     assert dispatch.run_step("probe", a=1) == "done" and PROBE_CALLS == [{"a": 1}]
 
 
-def test_process_gone_only_for_dead_processes_on_this_host():
-    import socket
-
-    here = socket.gethostname()
-    assert not dispatch._process_gone({dispatch.HOST_LABEL: here, dispatch.PID_LABEL: str(os.getpid())})
-    assert not dispatch._process_gone({dispatch.HOST_LABEL: "elsewhere", dispatch.PID_LABEL: "1"})
-    assert not dispatch._process_gone({})
-    child = subprocess.Popen(["true"])  # noqa: S607
-    child.wait()
-    assert dispatch._process_gone({dispatch.HOST_LABEL: here, dispatch.PID_LABEL: str(child.pid)})
-
-
 def test_fan_out_runner_choice_and_gpu_default():
     assert type(make_task_runner(FanOutConfig(task_runner="threads", max_workers=3))).__name__ == "ThreadPoolTaskRunner"
     with pytest.raises(ConfigError, match="runs in the flow itself"):
@@ -106,34 +91,20 @@ def test_sequential_fan_out_calls_in_order(prefect_harness):
     assert parent("threads") == [0, 2, 4, 6]
 
 
-def test_silent_step_is_declared_dead_after_the_stale_period():
-    from datetime import datetime, timedelta, timezone
-    from types import SimpleNamespace
+def test_pool_dispatch_ensures_the_zombie_automation_once_per_server(monkeypatch):
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    now = datetime.now(timezone.utc)
+    from infra import stack
 
-    class Events:  # the shape of the Prefect client's read_events answer
-        def __init__(self, times):
-            self.times = times
-
-        def read_events(self, flt, limit):
-            assert flt.event.name == ["prefect.flow-run.heartbeat"] and limit == 1
-            return SimpleNamespace(events=[SimpleNamespace(occurred=t) for t in self.times])
-
-    run = SimpleNamespace(id="r1", labels={}, start_time=now - timedelta(seconds=900), expected_start_time=None)
-    assert re.match(r"no heartbeat for 9\d\d s \(> 540 s\)", dispatch._dead_reason(Events([]), run, stale_after=540))
-    assert dispatch._dead_reason(Events([now - timedelta(seconds=60)]), run, stale_after=540) is None
-    assert dispatch._dead_reason(Events([]), run, stale_after=540, check_heartbeat=False) is None
-
-
-def test_stale_after_defaults_to_three_heartbeats(monkeypatch):
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
-    monkeypatch.delenv(dispatch.STALE_ENV, raising=False)
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
-        assert dispatch.stale_after_seconds() == 90
-    monkeypatch.setenv(dispatch.STALE_ENV, "12.5")
-    assert dispatch.stale_after_seconds() == 12.5
+    calls = []
+    monkeypatch.setattr(stack, "ensure_zombie_automation_at", lambda api, within, replace: calls.append(
+        (api, within, replace)) or "id")
+    monkeypatch.setattr(dispatch, "_AUTOMATION_CHECKED", set())
+    settings = {PREFECT_API_URL: "http://127.0.0.1:1/api/", PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
+    with temporary_settings(updates=settings):
+        dispatch.ensure_crash_detection()
+        dispatch.ensure_crash_detection()
+    assert calls == [("http://127.0.0.1:1/api", 90, False)]
 
 
 def test_deploy_run_env_and_up_dispatch_options_are_checked():
