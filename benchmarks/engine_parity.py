@@ -97,11 +97,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--protocol", default="exsearch")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--dtype", default="bfloat16", help="same dtype for every engine (vLLM's CPU default)")
+    parser.add_argument("--dtype", default="auto",
+                        help="same dtype for every engine; auto = bf16 with native bf16 matmuls, else float32")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gaps", action="store_true", help="top-2 log-prob gap at each divergence (fp32)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.dtype == "auto":
+        from training.generation.base import cpu_dtype
+
+        args.dtype = cpu_dtype()
     from training.generation.models import load_tokenizer, resolve_model
     from training.protocols.base import load_protocol
 

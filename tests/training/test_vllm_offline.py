@@ -60,8 +60,6 @@ def test_best_of_keeps_the_most_likely(vllm_gen) -> None:
     assert best[0].token_ids == three[0].token_ids
 
 
-@pytest.mark.skip(reason="hangs on vLLM 0.32 CPU with the rollout engine's seeded multi-turn requests "
-                         "(15 min without a step, 2026-11-23); see docs/STATUS.md, issue 13")
 def test_rollouts_through_vllm_with_a_live_retriever(vllm_gen, smol_tokenizer, live_retriever, questions) -> None:
     cfg = RolloutConfig(n=3, temperature=1.0, seed=3, max_tokens_per_turn=24, max_total_tokens=48, max_turns=2)
     trajs = run_rollouts(questions, "exsearch", vllm_gen, live_retriever, cfg, tokenizer=smol_tokenizer)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from training.generation.base import Completion, SamplingParams, cut_at_stop, regroup
+from training.generation.base import Completion, SamplingParams, cpu_native_bf16, cut_at_stop, regroup
 
 log = logging.getLogger(__name__)
 
@@ -17,9 +17,7 @@ def _auto_dtype(device: str) -> str | None:
 
     if device != "cpu" and (device.startswith("cuda") or torch.cuda.is_available()):
         return "bfloat16"
-    cpu = torch.cpu
-    native = any(getattr(cpu, f, lambda: False)() for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
-    return "bfloat16" if native else None
+    return "bfloat16" if cpu_native_bf16() else None
 
 
 def length_buckets(lengths: list[int], batch_size: int, ratio: float | None) -> list[list[int]]:
