@@ -44,8 +44,9 @@ def test_grpo_step_with_search_masks_retrieved_tokens(tmp_path, data_dir, smol_p
     sink: list = []
     rollout = engine_rollout_fn(protocol, bm25, RolloutConfig(temperature=1.0, best_of=1, max_tokens_per_turn=16,
                                                               max_total_tokens=40, seed=0), sink=sink)
+    # micro_batch_size=1: the step's 2 completions train as 2 accumulated micro-batches (one generation per step)
     cfg = TRLSearchConfig(num_generations=2, prompts_per_step=1, max_steps=1, save_steps=100, beta=0.0,
-                          max_completion_length=256, learning_rate=1e-5)
+                          max_completion_length=256, learning_rate=1e-5, micro_batch_size=1)
     reward = trl_reward_func("searchr1_em", eos_token_id=smol_tokenizer.eos_token_id)
     trainer = build_trainer(cfg, str(smol_path), rows, [reward], rollout, str(tmp_path / "out"))
     trainer.train()
@@ -61,8 +62,9 @@ def test_grpo_step_with_search_masks_retrieved_tokens(tmp_path, data_dir, smol_p
     tool, comp = batch["tool_mask"].bool(), batch["completion_mask"].bool()
     inserted, generated = comp & ~tool, comp & tool
     assert inserted.any() and generated.any(), "the batch must hold both retrieved and generated tokens"
-    # every inserted token of the batch is exactly a 0 in some trajectory's loss mask
-    assert int(inserted.sum()) == sum(len(t.loss_mask) - sum(t.loss_mask) for t in sink)
+    # the last micro-batch is one trajectory: its inserted tokens are exactly the 0s of one trajectory's loss mask
+    assert batch["completion_ids"].size(0) == 1
+    assert int(inserted.sum()) in {len(t.loss_mask) - sum(t.loss_mask) for t in sink}
 
     # Gradient check: with non-zero advantages, d loss / d logp is non-zero on generated tokens and exactly zero
     # on retrieved ones (they stay in the attention context but contribute nothing to the loss). One row keeps
@@ -78,6 +80,21 @@ def test_grpo_step_with_search_masks_retrieved_tokens(tmp_path, data_dir, smol_p
     grad = trainer.captured_logps.grad
     assert grad[inserted].abs().max().item() == 0.0
     assert grad[generated].abs().min().item() > 0.0
+
+
+def test_micro_batches_accumulate_to_one_generation_per_step(tmp_path) -> None:
+    from pydantic import ValidationError
+
+    from training.rl.trl_engine import grpo_args
+
+    cfg = TRLSearchConfig(num_generations=8, prompts_per_step=2, micro_batch_size=8)
+    args = grpo_args(cfg, str(tmp_path))
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (8, 2)
+    assert args.generation_batch_size == 16 and args.steps_per_generation == 2  # one rollout batch per step
+    whole = grpo_args(TRLSearchConfig(num_generations=8, prompts_per_step=2), str(tmp_path))
+    assert (whole.per_device_train_batch_size, whole.gradient_accumulation_steps) == (16, 1)
+    with pytest.raises(ValidationError, match="must divide"):
+        TRLSearchConfig(num_generations=4, prompts_per_step=2, micro_batch_size=3)
 
 
 def test_to_sample_splits_prompt_from_masked_response(smol_tokenizer) -> None:

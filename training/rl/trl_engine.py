@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from infra.config import StrictModel
 
@@ -100,6 +100,18 @@ class TRLSearchConfig(StrictModel):
     logging_steps: int = Field(default=1, ge=1, description="Log every N steps.")
     seed: int = Field(default=0, description="Trainer seed.")
     gradient_checkpointing: bool = Field(default=False, description="Activation checkpointing.")
+    micro_batch_size: int | None = Field(
+        default=None, ge=1, description="Completions per forward/backward (gradient accumulation over the step's "
+        "prompts_per_step x num_generations); None = the whole step at once. Bounds training memory: 16 ReSearch "
+        "completions in one batch reached 16.5 GB RSS on CPU.")
+
+    @model_validator(mode="after")
+    def _micro_batch_divides_the_step(self) -> TRLSearchConfig:
+        step = self.prompts_per_step * self.num_generations
+        if self.micro_batch_size is not None and step % self.micro_batch_size:
+            raise ValueError(f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step x "
+                             f"num_generations = {step}")
+        return self
 
 
 def _pad_right(seqs: Sequence[Sequence[int]], width: int, value: int = 0) -> list[list[int]]:
@@ -216,9 +228,11 @@ def grpo_args(cfg: TRLSearchConfig, output_dir: str, report_to: list[str] | None
     import torch
     from trl import GRPOConfig
 
-    per_device = cfg.prompts_per_step * cfg.num_generations
+    step = cfg.prompts_per_step * cfg.num_generations
+    per_device = cfg.micro_batch_size or step
     return GRPOConfig(
-        output_dir=output_dir, per_device_train_batch_size=per_device, gradient_accumulation_steps=1,
+        output_dir=output_dir, per_device_train_batch_size=per_device, gradient_accumulation_steps=step // per_device,
+        generation_batch_size=step,
         num_generations=cfg.num_generations, learning_rate=cfg.learning_rate, beta=cfg.beta, epsilon=cfg.epsilon,
         loss_type=cfg.algorithm, scale_rewards=cfg.scale_rewards, max_steps=cfg.max_steps,
         max_completion_length=cfg.max_completion_length, temperature=cfg.temperature,
