@@ -74,6 +74,11 @@ def test_served_vllm_returns_ids_logprobs_and_distinct_seeded_samples(served, sm
     assert smol_tokenizer.decode(a.token_ids) == a.text  # vLLM's ids are ours
     assert a.token_logprobs is not None and len(a.token_logprobs) == len(a.token_ids)
     assert b.finish_reason == "length" and len(b.token_ids) == 3
+    eos = gen.generate(["<|im_start|>user\nSay yes.<|im_end|>\n<|im_start|>assistant\n"],
+                       SamplingParams(max_tokens=64, logprobs=True))[0]
+    # as every backend: ids end before the EOS the engine stopped on (vLLM's server returns it; parity counted it)
+    assert eos.finish_reason == "eos" and eos.token_ids and smol_tokenizer.eos_token_id not in eos.token_ids
+    assert len(eos.token_logprobs) == len(eos.token_ids)
     k = gen.generate([COLOR] * 4, SamplingParams(temperature=1.0, seed=11, max_tokens=12))
     assert len({tuple(c.token_ids) for c in k}) == 4
     again = gen.generate([COLOR] * 4, SamplingParams(temperature=1.0, seed=11, max_tokens=12))

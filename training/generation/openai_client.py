@@ -65,6 +65,8 @@ class OpenAICompatibleGenerator:
         self.base_url, self.model, self.mode = base_url.rstrip("/"), model, mode
         self.tokenizer = tokenizer
         self.eos_token = eos_token or (tokenizer.eos_token if tokenizer is not None else None)
+        eos_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+        self._eos_ids = {eos_id} if isinstance(eos_id, int) else set(eos_id or ())
         self.retries, self.vllm_extras, self.max_concurrency = retries, vllm_extras, max(1, max_concurrency)
         api_key = secret_value(api_key, API_KEY_ENV)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -132,7 +134,11 @@ class OpenAICompatibleGenerator:
             c.get("logprob") for c in (lp.get("content") or [])
         ]
         ids = choice.get("token_ids") or [-1] * len(token_lps or [])
-        cum = float(sum(x for x in token_lps if x is not None)) if token_lps else None
+        cum = float(sum(x for x in token_lps if x is not None)) if token_lps else None  # EOS included, as offline
+        if reason == "eos" and ids and ids[-1] in self._eos_ids:
+            # vLLM returns the EOS id it stopped on; every backend's ids end before EOS (the offline engines, ours)
+            ids = ids[:-1]
+            token_lps = token_lps[:-1] if token_lps and len(token_lps) > len(ids) else token_lps
         per_token = [float(x) for x in token_lps] if token_lps and None not in token_lps else None
         return Completion(text=text, token_ids=list(ids), finish_reason=reason, stop=stop, cumulative_logprob=cum,
                           token_logprobs=per_token)
