@@ -30,6 +30,15 @@ DATA = REPO / "data"
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Create the session's MLflow store with its artifact root inside the session home: MLflow's default root for a
+    sqlite store is ``./mlruns`` under the working directory, so a test logging to the Default experiment wrote
+    artifacts into the repository (one was committed)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore(os.environ["MLFLOW_TRACKING_URI"], str(_SESSION_HOME / "mlflow-artifacts"))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the session home (MLflow store, run folders, Prefect home: GBs after the slow tests) unless
     ``SEARCHLOOP_KEEP_TEST_HOME=1`` asks to keep it for a post-mortem."""
