@@ -60,9 +60,11 @@ _register_commands()
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (sets the embedded defaults before any engine is imported)."""
     from infra import progress
+    from infra.memory import fix_mmap_threshold
     from infra.settings import apply_embedded_environment
 
     apply_embedded_environment()
+    fix_mmap_threshold()  # long training runs otherwise grow glibc's heap without bound (infra/memory.py)
     progress.register_sink(progress.TerminalSink(), min_interval_s=0.5)
     try:
         app(args=argv, standalone_mode=True)

@@ -1,0 +1,42 @@
+"""Process memory settings for long CPU training runs: a fixed glibc mmap threshold.
+
+glibc raises its mmap threshold every time a large block is freed (up to 32 MiB), after which tensors of up to that
+size are carved from the ``brk`` heap, which can only shrink from its top. A PyTorch training loop that allocates
+and frees activations of many sizes then grows its heap without bound: a SmolLM2-135M GRPO run measured 9.9 GB of
+``[heap]`` after one step and was OOM-killed at 18.2 GB RSS. Setting the threshold explicitly disables the dynamic
+adjustment (``mallopt(3)``), so large tensors go back to the OS when freed. No-op off glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+M_MMAP_THRESHOLD = -3  # mallopt parameter numbers from glibc's malloc.h
+DEFAULT_THRESHOLD = 128 * 1024  # glibc's own starting value, now fixed
+_applied: int | None = None
+
+
+def fix_mmap_threshold(threshold: int = DEFAULT_THRESHOLD) -> bool:
+    """Fix glibc's mmap threshold at ``threshold`` bytes for this process; True when applied (Linux glibc only)."""
+    global _applied
+    if _applied == threshold:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        ok = bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
+    except (OSError, AttributeError):  # musl and other libcs have no mallopt
+        return False
+    if ok:
+        _applied = threshold
+        log.debug("glibc mmap threshold fixed at %d bytes", threshold)
+    return ok
