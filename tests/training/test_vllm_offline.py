@@ -68,3 +68,49 @@ def test_rollouts_through_vllm_with_a_live_retriever(vllm_gen, smol_tokenizer, l
         assert t.turns and len(t.token_ids) == len(t.loss_mask) > 0
     per_question = [{t.response for t in trajs if t.question_id == q.id} for q in questions]
     assert all(len(r) == 3 for r in per_question)  # K distinct samples per question
+
+
+def _group_alive(pgid: int) -> bool:
+    import os
+
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_killed_owner_leaves_no_vllm_processes(smol_path, tmp_path) -> None:
+    # The owner (a flow, say) is SIGKILLed while its worker idles: the worker sees EOF on its connection and takes
+    # vLLM's EngineCore and workers (its process group) with it. Before, they ran on, reparented to init (3.5 GB).
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if engine_python("vllm") is None:
+        pytest.skip(".venv-vllm not built (make vllm-env)")
+    pid_file = tmp_path / "worker.pid"
+    owner = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from training.generation.vllm_worker import VLLMWorkerGenerator\n"
+        f"gen = VLLMWorkerGenerator.from_model({str(smol_path)!r}, max_model_len=1024)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(gen.proc.pid))\n"
+        "time.sleep(600)\n")])
+    try:
+        deadline = time.time() + 600
+        while not pid_file.exists() or not pid_file.read_text():
+            assert owner.poll() is None and time.time() < deadline, "the owner died before its worker was ready"
+            time.sleep(1)
+        pgid = int(pid_file.read_text())
+        assert _group_alive(pgid) and os.getpgid(pgid) == pgid  # the worker leads its own group
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        t0 = time.time()
+        while _group_alive(pgid) and time.time() - t0 < 60:
+            time.sleep(1)
+        assert not _group_alive(pgid), "vLLM processes outlived their killed owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()

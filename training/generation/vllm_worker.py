@@ -12,10 +12,12 @@ masks): the converted folders read the same ids in both transformers versions (`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -77,7 +79,10 @@ class VLLMWorkerGenerator:
         host, port = listener.address
         args = [exe, "-m", "training.generation.vllm_worker", f"{host}:{port}", model_path, _dumps(llm_kwargs)]
         with open(log_path, "ab") as fh:
-            proc = subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # its own process group: vLLM's EngineCore and its workers are the worker's children, and a killed worker
+            # left them running (3.5 GB each, reparented to init); close() and the worker's exit kill the group
+            proc = subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
         t0 = time.perf_counter()
         conn = _accept(listener, proc, timeout, log_path)
         try:
@@ -119,6 +124,7 @@ class VLLMWorkerGenerator:
                     self.proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
+        _kill_group(self.proc.pid)  # whatever of vLLM's engine processes outlived the worker
         self.conn.close()
 
     def __del__(self) -> None:
@@ -157,6 +163,11 @@ def _accept(listener: Any, proc: subprocess.Popen, timeout: float, log_path: Pat
     else:
         why = f"did not connect within {timeout:.0f} s"
     raise VLLMWorkerError(f"vLLM worker {why}; log {log_path}:\n{_tail(log_path)}")
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _dumps(obj: Any) -> str:
@@ -205,7 +216,17 @@ def serve(address: str, model_path: str, llm_kwargs: dict[str, Any]) -> None:
             conn.send({"error": f"{type(exc).__name__}: {exc}"})
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds to the group kill below instead of dying with the engine still up
+
+
 if __name__ == "__main__":  # spawned vLLM workers re-import the main module: the guard is required
     import orjson
 
-    serve(sys.argv[1], sys.argv[2], orjson.loads(sys.argv[3]))
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        serve(sys.argv[1], sys.argv[2], orjson.loads(sys.argv[3]))  # returns on close or when the parent is gone
+    finally:
+        if os.getpgrp() == os.getpid():  # started as a group leader (start_new_session): take vLLM's processes along
+            sys.stdout.flush()
+            _kill_group(os.getpid())
