@@ -177,7 +177,8 @@ def start_service(spec: ServiceSpec, run_dir: str | os.PathLike[str]) -> Service
     return info
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to process group ``pid``; a group already gone is not an error."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
 
@@ -193,7 +194,7 @@ def _children(pid: int) -> list[int]:
 
 def kill_service(info: ServiceInfo, sig: signal.Signals = signal.SIGKILL) -> None:
     """Send ``sig`` to the service's whole process group at once (used to simulate crashes)."""
-    _signal_group(info.pid, sig)
+    signal_group(info.pid, sig)
 
 
 def stop_service(run_dir: str | os.PathLike[str], name: str, timeout: float = 15.0) -> bool:
@@ -211,12 +212,12 @@ def stop_service(run_dir: str | os.PathLike[str], name: str, timeout: float = 15
         for pid in [info.pid, *_children(info.pid)]:
             with contextlib.suppress(psutil.Error):
                 procs.append(psutil.Process(pid))
-        _signal_group(info.pid, signal.SIGTERM)
+        signal_group(info.pid, signal.SIGTERM)
         _, alive = psutil.wait_procs(procs, timeout=timeout)
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        _signal_group(info.pid, signal.SIGKILL)
+        signal_group(info.pid, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=5)
     pid_file(run_dir, name).unlink(missing_ok=True)
     return running

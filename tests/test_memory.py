@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,7 @@ import textwrap
 import pytest
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc mallopt")
 def test_fixed_mmap_threshold_returns_freed_blocks_to_the_os() -> None:
     # After a 16 MiB block is freed glibc raises its threshold, so the next 8 MiB blocks come from the brk heap and
     # stay in RSS when freed below a live one; with the threshold fixed they are mmapped and returned.

@@ -12,7 +12,6 @@ masks): the converted folders read the same ids in both transformers versions (`
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -166,8 +165,9 @@ def _accept(listener: Any, proc: subprocess.Popen, timeout: float, log_path: Pat
 
 
 def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+    from infra.proc import signal_group
+
+    signal_group(pgid, signal.SIGKILL)
 
 
 def _dumps(obj: Any) -> str:

@@ -257,11 +257,12 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
         output_dir: checkpoints (``checkpoint-N``) go here.
         callbacks: transformers TrainerCallbacks (health monitor, MLflow logger).
     """
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from infra.memory import fix_mmap_threshold
 
     fix_mmap_threshold()  # a training loop otherwise grows glibc's heap without bound (infra/memory.py)
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if len(rows) < cfg.prompts_per_step:
         raise ValueError(f"{len(rows)} training prompts is fewer than prompts_per_step={cfg.prompts_per_step}")
