@@ -69,16 +69,18 @@ def test_heldout_disjoint_from_training_and_minis_and_corpora_cover_them(no_shar
     cfg = load_config(RLConfig, "searchr1_learn_demo")
     heldout = heldout_questions(cfg)
     held = {q.id for q in heldout}
-    assert len(heldout) == len(held) == 60
+    assert len(heldout) == len(held) == 36  # eval.limit 12 of each shipped 20-row file
+    shipped = [q for b in cfg.eval.benchmarks for q in load_benchmark(b)]
+    assert len(shipped) == 60 and held <= {q.id for q in shipped}
     train = {q.id for src in cfg.data.train for q in load_benchmark(src)}
     warmup = {q.id for f in cfg.init.warmup.decomposition_files for q in load_benchmark(f.path)}
     eval_minis = set().union(*(_ids(p) for p in (DATA / "eval").glob("*_mini.jsonl")))
     train_minis = set().union(*(_ids(p) for p in (DATA / "train").glob("*_train_mini.jsonl")
                                 if not p.name.startswith("corpus")))
     assert len(train) == 48 and len(eval_minis) == 200 and len(train_minis) == 140
-    assert not held & (train | warmup | eval_minis | train_minis)
+    assert not {q.id for q in shipped} & (train | warmup | eval_minis | train_minis)
     assert not train & (eval_minis | train_minis)  # GRPO questions differ from the warm-up's and the minis
-    for questions, corpus in ((heldout, cfg.eval.corpus), ([q for s in cfg.data.train for q in load_benchmark(s)],
+    for questions, corpus in ((shipped, cfg.eval.corpus), ([q for s in cfg.data.train for q in load_benchmark(s)],
                                                           cfg.retrieval.corpus[0])):
         have = _ids(REPO_ROOT / corpus)
         need = {d for q in questions for d in q.metadata["context_doc_ids"]}
