@@ -58,7 +58,7 @@ class EvaluateConfig(StrictModel):
 class DemoConfig(StrictModel):
     """What the demo builds, serves and evaluates (presets by name)."""
 
-    index_presets: list[str] = Field(default_factory=lambda: ["index_mini_bm25", "index_mini_dense"],
+    index_presets: list[str] = Field(default_factory=lambda: ["index_mini_bm25"],
                                      min_length=1, description="build-index presets to build and evaluate.")
     serve: int = Field(default=0, ge=0, description="Which of index_presets the agent searches (position).")
     eval_preset: str = Field(default="eval_demo", description="evaluate preset for the agent run.")

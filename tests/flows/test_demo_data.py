@@ -69,7 +69,7 @@ def test_heldout_disjoint_from_training_and_minis_and_corpora_cover_them(no_shar
     cfg = load_config(RLConfig, "searchr1_learn_demo")
     heldout = heldout_questions(cfg)
     held = {q.id for q in heldout}
-    assert len(heldout) == len(held) == 36  # eval.limit 12 of each shipped 20-row file
+    assert len(heldout) == len(held) == 24  # eval.limit 8 of each shipped 20-row file
     shipped = [q for b in cfg.eval.benchmarks for q in load_benchmark(b)]
     assert len(shipped) == 60 and held <= {q.id for q in shipped}
     train = {q.id for src in cfg.data.train for q in load_benchmark(src)}
