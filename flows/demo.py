@@ -1,9 +1,9 @@
 """``demo`` flow, the main job on embedded defaults: indexes -> live retriever -> recall -> agent evaluation ->
 a short real training stage.
 
-Builds the indexes its preset names over the shipped mini corpus (BM25 by default; each a ``build-index`` subflow with
-its recall table and MLflow run), serves one over HTTP on 127.0.0.1, and evaluates SmolLM2 as a search agent on the four mini
-benchmarks through that server (the ``evaluate`` subflow). Then it trains (the ``rl-finetune`` subflow of
+Builds the indexes its preset names over the shipped mini corpus (BM25 by default; each a ``build-index`` subflow
+with its recall table and MLflow run), serves one over HTTP on 127.0.0.1, and evaluates SmolLM2 as a search agent on
+mini benchmarks through that server (the ``evaluate`` subflow). Then it trains (the ``rl-finetune`` subflow of
 ``train_preset``: warm-up SFT, a few GRPO steps) and compares the policy RL started from with the trained one on
 held-out questions, paired. Prints the tables and the MLflow run ids.
 """
