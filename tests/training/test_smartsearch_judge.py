@@ -138,3 +138,15 @@ def test_read_timeout_is_a_failed_call_without_resend() -> None:
                             transport=httpx.MockTransport(slow))
     [reply] = client.complete(["hello"])
     assert "ReadTimeout" in reply.error and len(seen) == 1 and client.failures == 1
+
+
+def test_every_reply_the_default_template_shows_parses_to_a_verdict() -> None:
+    # A small judge copies the format line: the old `<answer> 0 or 1 </answer>` placeholder made every one of
+    # SmolLM2-135M's replies unparseable in the CPU demo. Each reply the template shows must itself be a verdict.
+    import re
+
+    from training.smartsearch.judge import JUDGE_TEMPLATE, parse_verdict
+
+    shown = re.findall(r"<answer>[^<]*</answer>", JUDGE_TEMPLATE)
+    assert shown, "the template shows no <answer> reply"
+    assert sorted(parse_verdict(reply)[0] for reply in shown) == [0, 1]
