@@ -96,6 +96,7 @@ def micro(url: str) -> list[str]:
         "stage3.questions=[{path: data/train/musique_train_mini.jsonl, limit: 1}]", "stage3.trl.max_steps=1",
         "stage3.trl.num_generations=2", "stage3.trl.max_completion_length=48", "stage3.trl.max_tokens_per_turn=24",
         "eval.limit=1", "eval.max_new_tokens=24",
+        "top_k=1", "stage1.sft.cutoff_len=640", "stage3.max_turns=2",  # the demo's top-3 settings cost time here
     ]
 
 
