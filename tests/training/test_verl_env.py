@@ -73,3 +73,42 @@ def test_our_agent_loop_runs_through_verls_interface(tmp_path, smol_path, smol_g
     assert set(out["extra_fields"]) == {"finished", "n_searches"}
     if out["extra_fields"]["n_searches"]:  # inserted documents are masked out of the loss
         assert 0 in out["response_mask"] and 1 in out["response_mask"]
+
+
+def test_smartsearch_group_branches_and_judge_reward_through_verl(tmp_path, smol_path, live_retriever) -> None:
+    from training.rewards.adapters import compute_score_smartsearch
+
+    n = 4
+    out = _run("smartsearch_group", {
+        "model": str(smol_path), "retriever_url": live_retriever.base_url, "response_length": 256, "n": n,
+        "dir": str(tmp_path), "question": "Who directed the film Ed Wood?", "golds": ["Tim Burton"]}, tmp_path)
+    samples = out["samples"]
+    assert len(samples) == n and {s["class"] for s in samples} == {"AgentLoopBase"}
+    leader, branches = samples[0], samples[1:]
+    lf = leader["extra_fields"]
+    # the on-policy leader: its one round judged not useful (scripted judge), refined, the prefix kept
+    assert lf["branch"] == 0 and lf["group_size"] == n and lf["round_useful"] == [0]
+    assert (lf["refined"], lf["refine_failed"], lf["skipped_length"], lf["kept_prefixes"]) == (1, 0, 0, 1)
+    assert "who directed ed wood" in leader["response_text"]
+    for s in branches:  # n - 1 branches continued from the refined prefix, the refined query counted as generated
+        f = s["extra_fields"]
+        assert f["branch"] == 1 and f["branch_round"] == 0 and f["round_useful"] == [1] and f["judge_failed"] == 0
+        assert "Ed Wood film director" in s["generated_text"] and "who directed ed wood" not in s["response_text"]
+        assert "\\boxed{Tim Burton}" in s["generated_text"]
+    for s in samples:  # inserted documents masked out of the loss, generated text in
+        assert s["n_ids"] == s["n_mask"] > 0
+        assert "<result>" in s["inserted_text"] and "<result>" not in s["generated_text"]
+        assert "<search>" in s["generated_text"] and "<search>" not in s["inserted_text"]
+        assert set(s["extra_fields"]) >= {"finished", "n_searches", "round_useful", "judge_failed", "max_redundancy"}
+    assert out["groups_left"] == 0  # the coordinator dropped the group once every copy took its share
+    # verl's reward loop scored each sample with the judge's verdicts: the leader's bad round costs 0.1
+    assert leader["reward"]["bad_rounds"] == 1.0 and all(s["reward"]["bad_rounds"] == 0.0 for s in branches)
+    assert leader["score"] == pytest.approx(branches[0]["score"] - 0.1)
+    info = {"question": "Who directed the film Ed Wood?"}
+    for s in samples:
+        text = s["response_text"].replace("<|im_end|>", "")
+        expect = compute_score_smartsearch("musique", text, ["Tim Burton"], {**info, **s["extra_fields"]})
+        assert s["score"] == pytest.approx(expect["score"])
+    redundancy_only = compute_score_smartsearch("musique", leader["response_text"].replace("<|im_end|>", ""),
+                                                ["Tim Burton"], info)
+    assert redundancy_only["bad_rounds"] == 0 and leader["score"] < redundancy_only["score"]

@@ -6,7 +6,10 @@ verl: point ``custom_reward_function.path`` at this file and ``.name`` at ``comp
 verl agent loop reports (verl decodes responses without special tokens, so the text cannot show EOS). Options
 travel in ``extra_info["reward_options"]`` (e.g. ``{"eos_token": ...}`` for ReSearch's EOS check, ``{"prefixed":
 True}`` for SmartSearch when the text already starts with the prompt's ``<think>``, ``{"response_prefix": ...}`` to
-prepend text before any reward).
+prepend text before any reward). SmartSearch's process reward reads the judge's per-round verdicts from
+``extra_info["round_useful"]`` (1/0/None per round; our agent loop judges when its YAML entry has ``smartsearch``
+settings) and ``extra_info["max_redundancy"]``: a round is bad when the judge said 0 or more than ``max_redundancy``
+documents repeat. Without verdicts the redundancy rule alone counts (logged once).
 
 TRL: ``GRPOTrainer(reward_funcs=[trl_reward_func("research")], ...)``; golds come from a dataset column.
 """
@@ -108,8 +111,31 @@ def _verl(name: str, solution_str: str, ground_truth: Any, info: Mapping) -> dic
         else:
             options["finished"] = bool(finished)
             extra["finished"] = float(bool(finished))
+    if name == "smartsearch" and "scorers" not in options:
+        options["scorers"], judged = smartsearch_scorers(info)
+        extra |= judged
     result = score_response(name, solution_str, golds_from_ground_truth(ground_truth), **options)
     return {"score": float(result.score), **{k: float(v) for k, v in result.parts.items()}, **extra}
+
+
+def smartsearch_scorers(info: Mapping) -> tuple[tuple[Any, ...], dict[str, float]]:
+    """SmartSearch's round scorers from a sample's ``extra_info``: the redundancy rule, plus the judge's verdicts
+    when the agent loop reported ``round_useful``; and the extra floats to report (``judge_failed``, ``branch``)."""
+    from training.rewards.smartsearch import JudgeVerdicts, RedundancyRule
+
+    max_redundancy = info.get("max_redundancy")
+    rule = RedundancyRule(1 if max_redundancy is None else int(max_redundancy))
+    useful = info.get("round_useful")
+    if useful is None:
+        _warn_once("no extra_info['round_useful'] for the smartsearch reward (agent loop without `smartsearch` "
+                   "judge settings?): bad rounds are counted by the redundancy rule only")
+        return (rule,), {}
+    if hasattr(useful, "tolist"):
+        useful = useful.tolist()
+    verdicts = tuple(None if v is None or v != v else int(v) for v in useful)  # v != v: NaN from a parquet round trip
+    extra = {"judge_failed": float(sum(v is None for v in verdicts)),
+             "branch": float(info.get("branch", 0) or 0)}
+    return (rule, JudgeVerdicts(verdicts)), extra
 
 
 _WARNED: set[str] = set()

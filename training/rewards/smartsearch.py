@@ -51,6 +51,20 @@ class RedundancyRule:
         return [count <= self.max_repeats for count in smartsearch_redundancy(response)]
 
 
+@dataclass(frozen=True)
+class JudgeVerdicts:
+    """Usefulness verdicts judged elsewhere (e.g. by verl's agent loop), replayed as a :class:`RoundScorer`.
+
+    ``verdicts[i]`` is round i's verdict: 1 useful, 0 not (a bad round), None a failed judge call (counted good).
+    """
+
+    verdicts: tuple[int | None, ...]
+
+    def __call__(self, question: str, response: str, golds: Sequence[str]) -> list[bool | None]:
+        """One verdict per round, in order (a list of the wrong length is ignored by the reward)."""
+        return [None if v is None else v == 1 for v in self.verdicts]
+
+
 def smartsearch_round_prefixes(response: str) -> list[str]:
     """Cumulative prefixes of the response, each ending at one ``</result>`` (what the PRM judges)."""
     return [response[: m.end()] for m in re.finditer(r"</result>", response)]

@@ -68,6 +68,27 @@ class RefinerSpec(StrictModel):
     max_tokens: int = Field(default=256, ge=1, description="Tokens per refinement.")
 
 
+class LoopSpec(StrictModel):
+    """SmartSearch's settings for verl's agent loop (``training.smartsearch.verl_loop``), rendered into the
+    ``agent_loop_config_path`` YAML: endpoint settings only, never a token (``endpoint.api_key_env`` names the
+    environment variable the workers read it from)."""
+
+    endpoint: EndpointSpec = Field(description="Judge/refiner endpoint; base_url must be reachable from the workers.")
+    judge: JudgeSpec = Field(default_factory=JudgeSpec, description="Usefulness judge.")
+    refiner: RefinerSpec = Field(default_factory=RefinerSpec, description="Query refiner.")
+    branch: bool = Field(default=True, description="Refinement branches inside each group.")
+    judge_reward: bool = Field(default=True, description="Report the judge's per-round verdicts to the reward.")
+    max_length_diff: int = Field(default=50, ge=1, description="Skip a refined prefix whose token length differs "
+                                 "from the original prefix by this many tokens or more (seed 50).")
+
+    @model_validator(mode="after")
+    def _reachable(self) -> LoopSpec:
+        if not self.endpoint.base_url:
+            raise ValueError("verl's agent loop needs endpoint.base_url (a judge server the GPU workers reach); "
+                             "endpoint.serve_model only starts a server on the flow's machine")
+        return self
+
+
 class SamplingSpec(StrictModel):
     """How a stage samples trajectories from a policy."""
 

@@ -7,9 +7,12 @@ rollout function and :func:`training.smartsearch.branches.smartsearch_trl_reward
 the process counts the redundancy rule and the judge's verdicts). Resumes from the newest ``checkpoint-N``.
 
 verl (``engine: verl``): the stage becomes an ``RLConfig`` stage with the ``smartsearch`` reward and
-``training.rl.verl.launch`` renders and runs ``main_ppo`` (command in ``command.txt``). Not yet on verl: the
-refinement branches inside the rollout group and the judge inside the reward (verl's reward adapter counts the
-redundancy rule only); both need the judge endpoint reachable from the workers.
+``training.rl.verl.launch`` renders and runs ``main_ppo`` (command in ``command.txt``, the agent loop in
+``agent_loop.yaml``). The agent loop is ``training.smartsearch.verl_loop``: the leader copy of each group is judged
+and refined, the other copies continue its kept refined prefixes, and every sample's judge verdicts reach
+``compute_score_smartsearch`` through ``extra_info`` (outcome + process with judge and redundancy rule + format).
+The YAML carries the endpoint settings (``stage3.branch``, ``stage3.judge_reward``, ``stage3.max_length_diff``,
+judge and refiner), never a token; ``endpoint.base_url`` must be reachable from the GPU workers. Unverified on GPUs.
 """
 
 from __future__ import annotations
@@ -108,14 +111,31 @@ def verl_stage_config(cfg: SmartSearchConfig, init_model: str) -> Any:
         register_model=False, verl_python=cfg.verl_python)
 
 
+def verl_loop_entry(cfg: SmartSearchConfig, rl_cfg: Any) -> dict[str, Any]:
+    """The agent-loop YAML entry of stage 3: the tag loop's settings plus the judge/refiner ones (no secrets)."""
+    from training.rl.verl.launch import stage_verl_config
+    from training.smartsearch.config import LoopSpec
+    from training.smartsearch.verl_loop import smartsearch_loop_entry
+
+    stage = rl_cfg.stages[0]
+    vcfg = stage_verl_config(rl_cfg, stage)
+    if not rl_cfg.retrieval.url:
+        raise ValueError("verl needs the retriever service: set retrieval.url")
+    spec = LoopSpec(endpoint=cfg.endpoint, judge=cfg.judge, refiner=cfg.refiner, branch=cfg.stage3.branch,
+                    judge_reward=cfg.stage3.judge_reward, max_length_diff=cfg.stage3.max_length_diff)
+    return smartsearch_loop_entry(rl_cfg.protocol, vcfg.top_k, stage.max_turns, rl_cfg.template,
+                                  rl_cfg.retrieval.url, vcfg.max_tokens_per_turn, spec)
+
+
 def render_verl_command(cfg: SmartSearchConfig, init_model: str, out: Path) -> list[str]:
-    """Prepare the verl data and return the ``main_ppo`` command of stage 3 (written to ``command.txt``)."""
+    """Prepare the verl data and return the ``main_ppo`` command of stage 3 (written to ``command.txt``; the agent
+    loop with the judge settings to ``agent_loop.yaml``)."""
     from training.rl.stages import prepare_data
     from training.rl.verl.launch import build_command
 
     rl_cfg = verl_stage_config(cfg, init_model)
     data = prepare_data(rl_cfg, str(out / "data"))
-    cmd = build_command(rl_cfg, rl_cfg.stages[0], data, init_model, out)
+    cmd = build_command(rl_cfg, rl_cfg.stages[0], data, init_model, out, verl_loop_entry(cfg, rl_cfg))
     artifacts.write_text(out / "command.txt", " ".join(cmd) + "\n")
     return cmd
 
@@ -127,5 +147,6 @@ def _run_verl(cfg: SmartSearchConfig, init_model: str, out_uri: str) -> StageRes
     t0, out = time.perf_counter(), artifacts.local_path(out_uri)
     rl_cfg = verl_stage_config(cfg, init_model)
     data = prepare_data(rl_cfg, str(out / "data"))
-    ref = train_stage_verl(rl_cfg, rl_cfg.stages[0], data, init_model, str(out / "verl"))
+    ref = train_stage_verl(rl_cfg, rl_cfg.stages[0], data, init_model, str(out / "verl"),
+                           verl_loop_entry(cfg, rl_cfg))
     return _finish(out, "grpo", ref.uri, True, {"steps": float(ref.steps)}, [], t0, ref.model_dump())

@@ -180,6 +180,30 @@ def length_ok(tokenizer: Any, traj: Any, prefix: Prefix, max_diff: int) -> bool:
     return abs(a - b) < max_diff
 
 
+def keep_refined(client: EndpointClient, spec: RefinerSpec, traj: Any, verdicts: Sequence[RoundVerdict],
+                 tokenizer: Any, max_length_diff: int = 50, max_redundancy: int = 1
+                 ) -> tuple[list[Prefix], dict[str, int], list[Refinement]]:
+    """One on-policy trajectory's refined prefixes that pass the seed's length check, in round order.
+
+    Returns (kept prefixes, counts ``refined`` / ``refine_failed`` / ``skipped_length`` / ``kept``, refinements).
+    """
+    refinements = refine_rounds(client, spec, [traj], [verdicts], max_redundancy)
+    kept: list[Prefix] = []
+    counts = {"refined": 0, "refine_failed": 0, "skipped_length": 0, "kept": 0}
+    for r in refinements:
+        if r.refined_query is None:
+            counts["refine_failed"] += 1
+            continue
+        counts["refined"] += 1
+        prefix = refined_prefix(traj, r.round, r.refined_query)
+        if length_ok(tokenizer, traj, prefix, max_length_diff):
+            kept.append(prefix)
+        else:
+            counts["skipped_length"] += 1
+    counts["kept"] = len(kept)
+    return kept, counts, refinements
+
+
 class PrefixedProtocol:
     """A protocol whose new states start from given prefixes (keyed by question id and sample index).
 

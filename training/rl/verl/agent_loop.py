@@ -18,6 +18,7 @@ speaks the chat template's function-calling format; the seeds use text tags, so 
 verl instantiates it through ``agent_loop_config_path`` (see ``training.rl.verl.launch``): the YAML entry's extra
 keys (protocol, top_k, max_turns, template, retriever_url, max_tokens_per_turn) arrive as keyword arguments of
 :func:`make_tag_agent_loop`, which builds the subclass lazily so importing this module does not need verl.
+SmartSearch's stage 3 subclasses it (``training.smartsearch.verl_loop``: judge verdicts, refinement branches).
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ _CLASS: type | None = None
 
 
 def agent_loop_entry(protocol: str, top_k: int, max_turns: int | None, template: str, retriever_url: str,
-                     max_tokens_per_turn: int | None) -> dict[str, Any]:
-    """The ``agent_loop_config_path`` YAML entry registering this loop under :data:`AGENT_NAME`."""
-    return {"name": AGENT_NAME, "_target_": "training.rl.verl.agent_loop.make_tag_agent_loop", "protocol": protocol,
+                     max_tokens_per_turn: int | None,
+                     target: str = "training.rl.verl.agent_loop.make_tag_agent_loop") -> dict[str, Any]:
+    """The ``agent_loop_config_path`` YAML entry registering this loop under :data:`AGENT_NAME` (``target``: the
+    hydra ``_target_``, e.g. SmartSearch's subclass in ``training.smartsearch.verl_loop``)."""
+    return {"name": AGENT_NAME, "_target_": target, "protocol": protocol,
             "top_k": top_k, "max_turns": max_turns, "template": template, "retriever_url": retriever_url,
             "max_tokens_per_turn": max_tokens_per_turn}
 
@@ -102,6 +105,7 @@ def _make_class() -> type:
     from retrieval.client import RetrieverClient
     from training.agent.rollout import prompt_token_ids, token_mask
     from training.protocols.base import load_protocol
+    from training.rewards.adapters import golds_from_ground_truth
 
     class TagSearchAgentLoop(AgentLoopBase):
         """Multi-turn tag-protocol search loop (see the module docstring)."""
@@ -116,6 +120,13 @@ def _make_class() -> type:
             self.per_turn = (max_tokens_per_turn or self.protocol.default_max_tokens_per_turn
                              or self.response_length)
 
+        def question(self, kwargs: dict[str, Any]) -> Any:
+            """Our ``Question`` from verl's dataset fields (``extra_info`` and ``reward_model.ground_truth``)."""
+            info = dict(kwargs.get("extra_info") or {})
+            golds = golds_from_ground_truth((kwargs.get("reward_model") or {}).get("ground_truth", []))
+            return Question(id=str(info.get("id", info.get("index", ""))), question=str(info.get("question", "")),
+                            golden_answers=golds)
+
         async def _step(self, state: Any, sampling_params: dict[str, Any], used: int) -> int:
             text = self.protocol.generation_prompt(state)
             ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -125,35 +136,46 @@ def _make_class() -> type:
             comp = _completion(list(out.token_ids), self.tokenizer, self.protocol.stop_strings(state), budget)
             if comp.finish_reason == "eos" and self.protocol.keep_eos and self.tokenizer.eos_token:
                 comp.text += self.tokenizer.eos_token
+            await self._apply(state, comp)
+            return used + len(comp.token_ids)
+
+        async def _apply(self, state: Any, comp: Any) -> None:
+            """Hand a completion to the protocol; run its query against the retriever and insert the documents."""
             query = self.protocol.on_completion(state, comp)
             if query is not None:
                 loop = asyncio.get_running_loop()
                 hits = await loop.run_in_executor(None, self.searcher.search, [query], self.protocol.top_k)
                 self.protocol.on_results(state, query, hits[0] if hits else [])
-            return used + len(comp.token_ids)
 
-        async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
-            info = dict(kwargs.get("extra_info") or {})
-            gts = (kwargs.get("reward_model") or {}).get("ground_truth", [])
-            q = Question(id=str(info.get("id", info.get("index", ""))), question=str(info.get("question", "")),
-                         golden_answers=[str(g) for g in gts])
-            state = self.protocol.start(q, self.tokenizer)
-            used = 0
+        async def _generate(self, state: Any, sampling_params: dict[str, Any], used: int = 0) -> None:
             while not state.finished and used < self.response_length:
                 used = await self._step(state, sampling_params, used)
+
+        def _output(self, state: Any, extra: dict[str, Any] | None = None) -> Any:
+            """verl's output: response ids and loss mask rebuilt from the state's segments (``token_mask``)."""
             resp_ids, mask, _ = token_mask(self.tokenizer, state.prompt, state.segments)
             prompt_ids = prompt_token_ids(self.tokenizer, state.prompt)
             n = self.response_length
             return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=resp_ids[:n], response_mask=mask[:n],
                                    num_turns=len(state.turns) * 2, metrics={},
-                                   extra_fields=loop_extra_fields(state, len(resp_ids) > n))
+                                   extra_fields={**loop_extra_fields(state, len(resp_ids) > n), **(extra or {})})
+
+        async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+            state = self.protocol.start(self.question(kwargs), self.tokenizer)
+            await self._generate(state, sampling_params)
+            return self._output(state)
 
     return TagSearchAgentLoop
 
 
-def make_tag_agent_loop(*args: Any, **kwargs: Any) -> Any:
-    """hydra ``_target_``: build (once) and instantiate the verl agent loop class."""
+def tag_agent_loop_class() -> type:
+    """The verl agent loop class (built once; needs verl): subclass it to change ``run``."""
     global _CLASS
     if _CLASS is None:
         _CLASS = _make_class()
-    return _CLASS(*args, **kwargs)
+    return _CLASS
+
+
+def make_tag_agent_loop(*args: Any, **kwargs: Any) -> Any:
+    """hydra ``_target_``: build (once) and instantiate the verl agent loop class."""
+    return tag_agent_loop_class()(*args, **kwargs)

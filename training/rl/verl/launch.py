@@ -52,16 +52,21 @@ def stage_verl_config(cfg: RLConfig, stage: StageSpec) -> VerlConfig:
     return stage.verl.model_copy(update=update)
 
 
-def build_command(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model: str, out: Path) -> list[str]:
-    """Write the tool config and return the full ``main_ppo`` command line."""
+def build_command(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model: str, out: Path,
+                  loop_entry: dict[str, Any] | None = None) -> list[str]:
+    """Write the tool config and the agent-loop YAML; return the full ``main_ppo`` command line.
+
+    ``loop_entry``: the agent-loop YAML entry to register instead of the plain tag loop's (e.g. SmartSearch's
+    ``training.smartsearch.verl_loop.smartsearch_loop_entry``, judge settings included).
+    """
     vcfg = stage_verl_config(cfg, stage)
     if not cfg.retrieval.url:
         raise ValueError("verl needs the retriever service: set retrieval.url")
     tool_path = out / "search_tool.yaml"
     artifacts.write_text(str(tool_path), yaml.safe_dump(render_search_tool_config(cfg.retrieval.url, vcfg)))
     loop_path = out / "agent_loop.yaml"
-    entry = agent_loop_entry(cfg.protocol, vcfg.top_k, stage.max_turns, cfg.template, cfg.retrieval.url,
-                             vcfg.max_tokens_per_turn)
+    entry = loop_entry or agent_loop_entry(cfg.protocol, vcfg.top_k, stage.max_turns, cfg.template,
+                                           cfg.retrieval.url, vcfg.max_tokens_per_turn)
     artifacts.write_text(str(loop_path), yaml.safe_dump([entry]))
     val = data.split_uri("val") if "val" in data.splits else data.split_uri("train")
     overrides = render_overrides(
@@ -134,14 +139,16 @@ def convert_rollout_dumps(dump_dir: Path, protocol: str, agent_loop: str = "tags
     return out
 
 
-def train_stage_verl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model: str, out_uri: str) -> CheckpointRef:
-    """Run one verl stage (see the module docstring) and return the merged HF checkpoint."""
+def train_stage_verl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model: str, out_uri: str,
+                     loop_entry: dict[str, Any] | None = None) -> CheckpointRef:
+    """Run one verl stage (see the module docstring) and return the merged HF checkpoint (``loop_entry``: see
+    :func:`build_command`)."""
     from infra import tracking
     from training.agent.records import write_trajectories
 
     out = artifacts.local_path(out_uri)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = build_command(cfg, stage, data, init_model, out)
+    cmd = build_command(cfg, stage, data, init_model, out, loop_entry)
     artifacts.write_text(str(out / "command.txt"), " ".join(cmd) + "\n")
     env = verl_env(tracking.active_run_id())
     _run(cmd, env, out / "verl.log", "verl main_ppo")
