@@ -7,6 +7,7 @@ Heavy imports (the index backends, uvicorn) happen inside the commands so ``sear
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -106,7 +107,10 @@ def serve_generator(
 
 def _serve_vllm(model: str, host: str, port: int, served_name: str | None, token: str | None,
                 max_model_len: int | None) -> None:
-    """Run vLLM's OpenAI-compatible server in the foreground until Ctrl-C / SIGTERM, then stop it cleanly."""
+    """Run vLLM's OpenAI-compatible server in the foreground until Ctrl-C / SIGTERM, then stop it cleanly.
+
+    SIGTERM interrupts the wait for health too (vLLM on CPU takes minutes to start): it raises
+    :class:`KeyboardInterrupt` once, which ``VLLMServer.start`` answers by stopping the server's process group."""
     import signal
     import threading
 
@@ -121,17 +125,27 @@ def _serve_vllm(model: str, host: str, port: int, served_name: str | None, token
     server = VLLMServer(model, cfg)
     console.print(f"starting vLLM for {model} (log: {server.log_path or 'a temporary file'}) ...")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with server:
-        console.print(f"[green]serving[/] {model} with vLLM as {cfg.served_name!r} on {server.base_url} "
-                      f"(completions, chat/completions, models; token: {token is not None}; log {server.log_path})")
-        try:
-            while not stop.is_set() and server.proc is not None and server.proc.poll() is None:
-                stop.wait(1.0)
-        except KeyboardInterrupt:
-            pass
-        if server.proc is not None and server.proc.poll() is not None:
-            console.print(f"[red]vLLM exited[/] with status {server.proc.returncode}:\n{server.log_tail()}")
+
+    def _on_sigterm(*_: Any) -> None:
+        if not stop.is_set():  # once: a second SIGTERM must not interrupt the shutdown itself
+            stop.set()
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        with server:
+            console.print(f"[green]serving[/] {model} with vLLM as {cfg.served_name!r} on {server.base_url} "
+                          f"(completions, chat/completions, models; token: {token is not None}; "
+                          f"log {server.log_path})")
+            try:
+                while not stop.is_set() and server.proc is not None and server.proc.poll() is None:
+                    stop.wait(1.0)
+            except KeyboardInterrupt:
+                pass
+            if server.proc is not None and server.proc.poll() is not None:
+                console.print(f"[red]vLLM exited[/] with status {server.proc.returncode}:\n{server.log_tail()}")
+    except KeyboardInterrupt:  # raised while vLLM was still starting; start() already stopped it
+        console.print("stopped before vLLM was ready")
     console.print("vLLM server stopped")
 
 
