@@ -122,3 +122,30 @@ def test_plan_branches_cycles_prefixes_and_fills_on_policy() -> None:
     a, b = SimpleNamespace(question_id="a"), SimpleNamespace(question_id="b")
     todo, fill = plan_branches([a, b], {"a": ["pa0", "pa1"]}, {"a": 4, "b": 3})
     assert todo == ["pa0", "pa1", "pa0"] and fill == {"b": 2}
+
+
+def test_a_copied_format_example_or_unchanged_query_is_a_failed_refinement(original) -> None:
+    """Session 9's demo: 3 of 7 SmolLM2 refinements were "the new query" (the old template's format line) and 2
+    repeated the round's query; regenerating from them refines nothing."""
+    from training.smartsearch.refine import REFINE_TEMPLATE, refinement_error, template_placeholders
+
+    marks = template_placeholders(REFINE_TEMPLATE)
+    old = template_placeholders("<search> the new query </search><explanation> why </explanation>")
+    assert refinement_error("The new query", "bad query", marks | old) is not None
+    assert refinement_error("the new query", "bad query", marks) is not None  # known copies, whatever the template
+    assert refinement_error("...", "bad query", marks) == "refined query has no words"
+    assert "unchanged" in (refinement_error("Bad  Query!", "bad query", marks) or "")
+    assert refinement_error("director of Ed Wood film", "bad query", marks) is None
+    for example in marks:  # whatever the default template shows between the tags is rejected
+        assert refinement_error(example or "...", "bad query", marks) is not None
+    replies = iter(["<search> the new query </search>", "<search> bad query </search>"])
+
+    def server(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"choices": [{"message": {"content": next(replies)}}]})
+
+    client = EndpointClient(EndpointSpec(base_url="http://r.test/v1", concurrency=1),
+                            transport=httpx.MockTransport(server))
+    low = [[RoundVerdict(question_id="q1", round=1, verdict=0, low_quality=True)]]
+    for reason in ("copies the template's format example", "unchanged"):
+        [r] = refine_rounds(client, RefinerSpec(), [original], low)
+        assert r.refined_query is None and reason in (r.error or "")

@@ -3,7 +3,9 @@ query, and let the current policy continue from that prefix through our rollout 
 
 - :func:`refine_rounds`: for each low-quality round, the refiner (same endpoint kind as the judge) sees the
   question, the process up to that round *without its result* and the issues (the judge's explanation plus the
-  seed's redundancy sentence when it applies) and answers ``<search> new query </search>``.
+  seed's redundancy sentence when it applies) and answers ``<search> new query </search>``. A reply that copies
+  the template's format example or repeats the round's query is a failed refinement with its reason
+  (:func:`refinement_error`; our addition: the seed regenerates from whatever the refiner wrote).
 - :func:`refined_prefix` (the seed's ``transfer_regenerate.py``): the trajectory's turns before the round are kept
   as they were (generated text + inserted results), the round's own step is kept up to its last
   ``<search>...</search>`` whose content is replaced; its ``<result>`` and everything after it are cut.
@@ -46,8 +48,8 @@ Guidelines:
 2. If the query intent is unreasonable, serve a more necessary and actionable intent instead.
 3. The new query may be a full question or key phrases; add or remove information as needed.
 
-Reply in exactly this format:
-<search> the new query </search><explanation> why </explanation>"""
+Reply in exactly this format, your query between the search tags:
+<search> ... </search><explanation> ... </explanation>"""
 
 REDUNDANCY_ISSUE = ("The retrieved result of this query largely repeats documents already retrieved in earlier "
                     "rounds, so the query brings little new information.")
@@ -78,6 +80,32 @@ def parse_refined_query(text: str) -> str | None:
         return None
     query = " ".join(match.group(1).split())
     return query or None
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+def template_placeholders(template: str) -> set[str]:
+    """Normalised texts between ``<search>`` and ``</search>`` in a refiner template (its format example)."""
+    return {_norm(m) for m in re.findall(r"<search>(.*?)</search>", template, flags=re.S)}
+
+
+def refinement_error(query: str, original: str, placeholders: set[str]) -> str | None:
+    """Why a parsed refined query is not a refinement, or None when it is one.
+
+    A small refiner copies the template's format example (session 9: 3 of 7 SmolLM2-135M replies were "the new
+    query" under the old ``<search> the new query </search>`` line) or returns the round's own query (2 of 7); both
+    would regenerate from an unrefined or meaningless prefix, so they count as failed refinements, with the reason.
+    """
+    q = _norm(query)
+    if not any(c.isalnum() for c in q):
+        return "refined query has no words"
+    if q in placeholders or q in {"the new query", "new query", "your query", "query"}:
+        return f"refined query {query!r} copies the template's format example"
+    if q == _norm(original):
+        return "refined query is the round's original query, unchanged"
+    return None
 
 
 def search_turns(traj: Any) -> list[int]:
@@ -124,14 +152,18 @@ def refine_rounds(client: EndpointClient, spec: RefinerSpec, trajectories: Seque
     prompts = [template.format(question=t.question, process=process_without_result(t, v.round), issues=iss)
                for t, v, iss in jobs]
     replies = client.complete(prompts, spec.response_prefix, spec.temperature, spec.max_tokens)
+    placeholders = template_placeholders(template)
     out = []
     for (traj, v, iss), reply in zip(jobs, replies, strict=True):
         raw = spec.response_prefix + reply.text
+        original = traj.turns[search_turns(traj)[v.round]].query or ""
         query = parse_refined_query(raw) if reply.error is None else None
+        error = reply.error or (None if query else "no <search> query in the reply")
+        if query is not None and error is None:
+            error = refinement_error(query, original, placeholders)
+            query = None if error else query
         out.append(Refinement(question_id=traj.question_id, sample=traj.sample, round=v.round,
-                              original_query=traj.turns[search_turns(traj)[v.round]].query or "",
-                              refined_query=query, issues=iss, raw=raw,
-                              error=reply.error or (None if query else "no <search> query in the reply")))
+                              original_query=original, refined_query=query, issues=iss, raw=raw, error=error))
     return out
 
 
