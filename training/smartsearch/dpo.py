@@ -3,8 +3,12 @@
 Why TRL and not LLaMA-Factory (the seed's engine): on this CPU machine a 2-step LoRA DPO of SmolLM2-135M over
 4 pairs ran in process with TRL 0.24 / transformers 4.57.6 (see the report in ``docs/STATUS.md``), without a
 subprocess start or a second data format; LLaMA-Factory's DPO would need its pairwise dataset registration and the
-torchaudio stub for the same result. The settings mirror the seed's ``qwen_lora_dpo.yaml`` (LoRA rank 8 on all
-linear modules, sigmoid loss, ``pref_beta`` 0.1, lr 7e-6, 3 epochs, cutoff 10000).
+torchaudio stub for the same result. ``benchmarks/dpo_engines.py`` trains both engines on the same pairs with the
+same settings and checks that their token streams are identical; on a quiet machine its wall/CPU/RSS ratios are the
+measurement behind this choice (session 9 ran it only beside a learning run: wall times swung 10x between two
+identical runs, LLaMA-Factory's peak RSS was ~1.6 GB lower in both). The settings mirror the seed's
+``qwen_lora_dpo.yaml`` (LoRA rank 8 on all linear modules, sigmoid loss, ``pref_beta`` 0.1, lr 7e-6, 3 epochs,
+cutoff 10000).
 
 Pairs are text: ``prompt`` (the protocol's prompt, ending with the generation ``<think>``), ``chosen`` and
 ``rejected`` responses. As in the seed, retrieved text inside the responses is not masked in DPO (the prompt and
