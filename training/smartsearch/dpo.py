@@ -4,9 +4,10 @@ Why TRL and not LLaMA-Factory (the seed's engine): on this CPU machine a 2-step 
 4 pairs ran in process with TRL 0.24 / transformers 4.57.6 (see the report in ``docs/STATUS.md``), without a
 subprocess start or a second data format; LLaMA-Factory's DPO would need its pairwise dataset registration and the
 torchaudio stub for the same result. ``benchmarks/dpo_engines.py`` trains both engines on the same pairs with the
-same settings and checks that their token streams are identical; on a quiet machine its wall/CPU/RSS ratios are the
-measurement behind this choice (session 9 ran it only beside a learning run: wall times swung 10x between two
-identical runs, LLaMA-Factory's peak RSS was ~1.6 GB lower in both). The settings mirror the seed's
+same settings and checks that their token streams are identical; quiet, 16 pairs x 4 steps (session 9,
+``docs/results/dpo_engines/dpo_engines.json``): TRL 143.9 s wall / 263 s CPU / 5.7 GB peak, LLaMA-Factory 181.0 s /
+325 s / 3.6 GB, the same losses and margins at every step: TRL is kept for speed (LLaMA-Factory takes 1.26x the
+wall time) where memory allows; LLaMA-Factory needs 0.63x the memory. The settings mirror the seed's
 ``qwen_lora_dpo.yaml`` (LoRA rank 8 on all linear modules, sigmoid loss, ``pref_beta`` 0.1, lr 7e-6, 3 epochs,
 cutoff 10000).
 
