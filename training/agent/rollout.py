@@ -237,10 +237,12 @@ def _rollout_loop(
     end = time.perf_counter() - t0
     for t in timing:
         t["total"] = t["total"] or end
-    return [_to_record(s, protocol, tok, t) for s, t in zip(states, timing, strict=True)]
+    return [to_record(s, protocol, tok, t) for s, t in zip(states, timing, strict=True)]
 
 
-def _to_record(state: AgentState, protocol: SearchProtocol, tokenizer: Any | None, timing: dict) -> Trajectory:
+def to_record(state: AgentState, protocol: SearchProtocol, tokenizer: Any | None, timing: dict) -> Trajectory:
+    """A finished rollout state as a ``Trajectory`` record (token ids and loss mask when ``tokenizer`` is given);
+    also used by the SmartSearch verl agent loop."""
     ids: list[int] = []
     mask: list[int] = []
     if tokenizer is not None:

@@ -92,7 +92,7 @@ def judge_pair(spec: LoopSpec) -> tuple[Any, tuple[Any, Any]]:
 
 
 def _make_class() -> type:
-    from training.agent.rollout import _to_record
+    from training.agent.rollout import to_record
     from training.generation.base import Completion
     from training.smartsearch.refine import PrefixedProtocol, keep_refined
 
@@ -132,7 +132,7 @@ def _make_class() -> type:
                     used = await self._start_branch(state, prefix)
                     extra |= {"branch": 1, "branch_round": prefix.round}
                 await self._generate(state, sampling_params, used)
-                traj = _to_record(state, self.protocol, None, {})
+                traj = to_record(state, self.protocol, None, {})
                 leader = member is not None and member.leader
                 verdicts = []
                 if self.spec.judge_reward or leader:
