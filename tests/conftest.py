@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,36 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print(f"\nsearchloop test home kept: {_SESSION_HOME}")
         return
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_module_checkpoints() -> Iterator[None]:
+    """After each test module, remove the run folders and MLflow artifacts it left in the session home: a flow test
+    writes full checkpoints of the 135M model (0.5 GB each) and MLflow registration copies them, so a whole session
+    kept ~20 GB and CI's disk ran out. The MLflow database, Prefect home and the ops stack stay (session-scoped)."""
+    yield
+    for sub in ("runs", "mlflow/artifacts"):
+        shutil.rmtree(_SESSION_HOME / sub, ignore_errors=True)
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes held by the files under ``root`` (0 when it is gone)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """With ``SEARCHLOOP_TEST_DISK_LOG=<file>``, append the bytes left in the temp dir after each test (tab-separated:
+    test id, bytes): CI's disk is small, and a test that leaves checkpoints behind shows up here."""
+    log = os.environ.get("SEARCHLOOP_TEST_DISK_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"{item.nodeid}\t{_tree_bytes(Path(tempfile.gettempdir()))}\n")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
