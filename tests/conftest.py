@@ -56,7 +56,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def _drop_module_checkpoints() -> Iterator[None]:
     """After each test module, remove the run folders and MLflow artifacts it left in the session home: a flow test
     writes full checkpoints of the 135M model (0.5 GB each) and MLflow registration copies them, so a whole session
-    kept ~20 GB and CI's disk ran out. The MLflow database, Prefect home and the ops stack stay (session-scoped)."""
+    kept 11 GB and CI's disk ran out. The MLflow database, Prefect home and the ops stack stay (session-scoped)."""
     yield
     for sub in ("runs", "mlflow/artifacts"):
         shutil.rmtree(_SESSION_HOME / sub, ignore_errors=True)
