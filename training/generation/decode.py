@@ -13,6 +13,7 @@ Sampling matches the generate path's settings: greedy when ``temperature == 0``,
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -32,11 +33,19 @@ def _pick(logits: Any, temperature: float, top_p: float) -> Any:
 
 
 class StopCheck:
-    """Per-row end test: EOS, a stop string in the decoded tail of the new tokens, or the row's budget."""
+    """Per-row end test: EOS, a stop string in the decoded tail of the new tokens, or the row's budget.
+
+    Decoding the tail of every row at every step costs more than a small model's forward on a GPU (a tokenizer call
+    per row per step). A stop string can only be completed by a token whose own text holds the string's last
+    character, so the tail is decoded only after such a token (``could_end``, one vocabulary pass per tokenizer
+    and stop set, cached). A stop string whose last character is whitespace or not ASCII (byte-level tokens of a
+    multi-byte character decode to U+FFFD alone, and decoding may clean up spaces) is checked at every step.
+    """
 
     def __init__(self, tokenizer: Any, stops: list[str], eos_id: int | None) -> None:
         self.tokenizer, self.stops, self.eos_id = tokenizer, [s for s in stops if s], eos_id
         self.tail = max([len(tokenizer.encode(s, add_special_tokens=False)) for s in self.stops] or [0]) + 3
+        self.could_end = _end_filter(tokenizer, tuple(self.stops)) if self.stops else None
 
     def done(self, new: list[int], budget: int) -> bool:
         """True when ``new`` (the row's generated ids so far) ends the row."""
@@ -44,10 +53,38 @@ class StopCheck:
             return True
         if len(new) >= budget:
             return True
-        if self.stops:
+        if self.stops and (self.could_end is None or not new or may_end(self.could_end, new[-1])):
             text = self.tokenizer.decode(new[-self.tail:], skip_special_tokens=False)
             return any(s in text for s in self.stops)
         return False
+
+
+def may_end(could_end: Any, token: int) -> bool:
+    """Whether ``token`` may complete a stop string under the filter ``could_end`` (``StopCheck.could_end``)."""
+    return token >= len(could_end) or bool(could_end[token])
+
+
+_END_FILTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {stops: filter}
+
+
+def _end_filter(tokenizer: Any, stops: tuple[str, ...]) -> Any:
+    """Boolean array over the vocabulary: True where a token's text holds the last character of a stop string;
+    None when some stop string must be checked at every step (see ``StopCheck``)."""
+    import numpy as np
+
+    try:
+        per_tokenizer = _END_FILTERS.setdefault(tokenizer, {})
+    except TypeError:  # not weak-referenceable: no cache, check every step
+        return None
+    if stops not in per_tokenizer:
+        lasts = {s[-1] for s in stops}
+        if any(not c.isascii() or c.isspace() for c in lasts):
+            per_tokenizer[stops] = None
+        else:
+            size = len(tokenizer)
+            pieces = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False)
+            per_tokenizer[stops] = np.fromiter((any(c in p for c in lasts) for p in pieces), dtype=bool, count=size)
+    return per_tokenizer[stops]
 
 
 def decode(
@@ -86,8 +123,8 @@ def decode(
         while alive:
             tokens = _pick(out.logits[:, -1, :], temperature, top_p)
             keep = []
-            for j, row in enumerate(alive):
-                new[row].append(int(tokens[j]))
+            for j, (row, token) in enumerate(zip(alive, tokens.tolist(), strict=True)):  # one host sync per step
+                new[row].append(token)
                 if check.done(new[row], budgets[row]):
                     if on_finish is not None:
                         _hand_over(on_finish, row, j, cache, mask, new[row][:-1])

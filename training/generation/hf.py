@@ -35,20 +35,35 @@ def length_buckets(lengths: list[int], batch_size: int, ratio: float | None) -> 
 
 
 class _StopCriteria:
-    """HF ``generate`` stopping criterion: per row, ``training.generation.decode.StopCheck`` on the new tokens."""
+    """HF ``generate`` stopping criterion: per row, ``training.generation.decode.StopCheck`` on the new tokens.
+
+    Reads the batch's last column once per step (one host sync) and copies a row's new tokens only when its last
+    token could end it (EOS is handled by ``generate`` itself); a row once done stays done.
+    """
 
     def __init__(self, tokenizer: Any, prompt_len: int, stops: list[str], budgets: list[int]) -> None:
         from training.generation.decode import StopCheck
 
         self.prompt_len, self.budgets = prompt_len, budgets
-        self.check = StopCheck(tokenizer, stops, None)  # EOS is handled by generate itself
+        self.check = StopCheck(tokenizer, stops, None)
+        self.done = [False] * len(budgets)
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        done = [self.check.done(input_ids[row, self.prompt_len:].tolist(), self.budgets[row])
-                for row in range(input_ids.shape[0])]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+        from training.generation.decode import may_end
+
+        n_new = input_ids.shape[1] - self.prompt_len
+        last = input_ids[:, -1].tolist()
+        could_end = self.check.could_end
+        for row, token in enumerate(last):
+            if self.done[row]:
+                continue
+            if n_new >= self.budgets[row]:
+                self.done[row] = True
+            elif self.check.stops and (could_end is None or may_end(could_end, token)):
+                self.done[row] = self.check.done(input_ids[row, self.prompt_len:].tolist(), self.budgets[row])
+        return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
 
 
 class TransformersGenerator:
