@@ -120,15 +120,15 @@ class OverlapSearcher:
 
         self._hit = Hit
         self.docs = [json.loads(line) for line in (REPO / "data/corpus/mini.jsonl").read_text().splitlines()]
-        self.words = [set(re.findall(r"\w+", d.get("contents", d.get("text", "")).lower())) for d in self.docs]
+        self.words = [set(re.findall(r"\w+", f"{d.get('title', '')} {d.get('text', '')}".lower())) for d in self.docs]
 
     def search(self, queries: list[str], k: int) -> list[list[Any]]:
         out = []
         for q in queries:
             qw = set(re.findall(r"\w+", q.lower()))
             best = sorted(range(len(self.docs)), key=lambda i: -len(qw & self.words[i]))[:k]
-            out.append([self._hit(id=str(self.docs[i].get("id", i)), title="",
-                                  text=self.docs[i].get("contents", self.docs[i].get("text", "")),
+            out.append([self._hit(id=str(self.docs[i].get("id", i)), title=self.docs[i].get("title", ""),
+                                  text=self.docs[i].get("text", ""),
                                   score=float(len(qw & self.words[i]))) for i in best])
         return out
 
@@ -144,8 +144,8 @@ def prompts_for(shape: str, tok: Any, n: int) -> list[str]:
     searcher = OverlapSearcher()
     out = []
     for q in qs:
-        docs = searcher.search([q.question], 3)[0]
-        info = "\n".join(f"Doc {i + 1}(Title: ) {h.text}" for i, h in enumerate(docs))
+        docs = searcher.search([q.question], 5)[0]
+        info = "\n".join(f"Doc {i + 1}(Title: {h.title}) {h.text}" for i, h in enumerate(docs))
         out.append(proto.build_prompt(q.question, tok) + f"<think>I need facts.</think>\n<search> {q.question} "
                    f"</search>\n\n<information>{info}</information>\n\n")
     return out
@@ -391,7 +391,7 @@ def bench_encoder(minilm_dir: Path, device: str, quick: bool) -> dict[str, Any]:
     from retrieval.encoders import EncoderConfig, SentenceTransformerEncoder
 
     lines = (REPO / "data/corpus/mini.jsonl").read_text().splitlines()
-    texts = [json.loads(line).get("contents", "") for line in lines]
+    texts = [f'"{d.get("title", "")}"\n{d.get("text", "")}' for d in map(json.loads, lines)]
     texts = texts[:256] if quick else texts
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "minilm"
