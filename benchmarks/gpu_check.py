@@ -237,6 +237,30 @@ def bench_generation(model: Any, tok: Any, device: str, quick: bool) -> list[dic
     return rows
 
 
+def identity_fp32(model: Any, tok: Any, device: str, quick: bool) -> dict[str, Any]:
+    """Greedy token streams of the three paths in fp32 (bf16 makes batch composition and split prefills change
+    near-tied argmaxes of a random model; fp32 shows whether the paths compute the same thing)."""
+    import torch
+
+    model.float()
+    try:
+        res = {}
+        for batch in (1, 16):
+            n = 4 if batch == 1 else 32
+            prompts = prompts_for("decode", tok, n)
+            new = 16 if quick else 64
+            base = plain_generate(model, tok, prompts, batch, new)
+            off = ours(model, tok, prompts, batch, new, cache=False)
+            on = ours(model, tok, prompts, batch, new, cache=True)
+            res[f"batch{batch}"] = {"identical_nocache": f"{sum(a == b for a, b in zip(base, off, strict=True))}/{n}",
+                                    "identical_cache": f"{sum(a == b for a, b in zip(base, on, strict=True))}/{n}"}
+            print(f"fp32 greedy identity, batch {batch}: no-cache {res[f'batch{batch}']['identical_nocache']}, "
+                  f"cache {res[f'batch{batch}']['identical_cache']}", flush=True)
+        return res
+    finally:
+        model.to(torch.bfloat16 if device.startswith("cuda") else torch.float32)
+
+
 class ForcedSearch:
     """Generator wrapper: a trajectory's first step searches for its question (so every trajectory continues
     after an insertion); the prompt is still prefilled by the inner engine (4 tokens generated, then replaced)."""
@@ -424,7 +448,7 @@ def main() -> int:
     ap.add_argument("--minilm-dir", default=None, help="folder of all-MiniLM-L6-v2 (default: the shipped one); "
                     "weights are not read")
     ap.add_argument("--init-range", type=float, default=0.2)
-    ap.add_argument("--only", default="generation,profile,rollouts,grpo,sft,encoder")
+    ap.add_argument("--only", default="generation,profile,profile1,identity,rollouts,encoder,sft,grpo")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
@@ -453,6 +477,8 @@ def main() -> int:
     sections: list[tuple[str, Callable[[], Any]]] = [
         ("generation", lambda: bench_generation(model, tok, args.device, args.quick)),
         ("profile", lambda: profile_paths(model, tok, args.device, 4 if args.quick else 16, 8 if args.quick else 128)),
+        ("profile1", lambda: profile_paths(model, tok, args.device, 1, 8 if args.quick else 128)),
+        ("identity", lambda: identity_fp32(model, tok, args.device, args.quick)),
         ("rollouts", lambda: bench_rollouts(model, tok, args.device, args.quick)),
         ("encoder", lambda: bench_encoder(Path(args.minilm_dir), args.device, args.quick)),
         ("sft", lambda: bench_sft(model, tok, args.device, args.quick)),
