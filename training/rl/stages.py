@@ -112,7 +112,7 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
             callbacks.append(heldout_curve_callback(cfg, str(out)))
         trainer = build_trainer(tcfg, model_path, rows, [reward], rollout, ckpt_dir, callbacks=callbacks)
         trainer.train(resume_from_checkpoint=resume)
-        _write_health(out, health.series)
+        _write_health(out, health.series, health.alarms)
         if sink:
             write_trajectories(sink, str(out / "rollouts"), stage=stage.name, engine="trl")
         raise_if_unhealthy(health)
@@ -141,8 +141,9 @@ def _save_policy(checkpoint: str, target: str, tokenizer: Any) -> None:
     tokenizer.save_pretrained(target)
 
 
-def _write_health(out: Path, series: list[dict[str, float]]) -> None:
-    """Append this run's health series to the stage's ``health.json`` (a resumed run continues it) and plot it."""
+def _write_health(out: Path, series: list[dict[str, float]], alarms: list[Any] = ()) -> None:
+    """Append this run's health series to the stage's ``health.json`` (a resumed run continues it) and plot it;
+    the alarms that fired (``training.agent.alarms.Alarm``) go to ``alarms.json`` (a resumed run adds its own)."""
     from training.rl.health import plot_health
 
     path = out / "health.json"
@@ -152,6 +153,10 @@ def _write_health(out: Path, series: list[dict[str, float]]) -> None:
     artifacts.write_json(str(path), merged)
     if merged:
         plot_health(merged, str(out / "health.png"))
+    apath = out / "alarms.json"
+    old_alarms = artifacts.read_json(str(apath)) if apath.exists() else []
+    names = {a["name"] for a in old_alarms}
+    artifacts.write_json(str(apath), old_alarms + [a.model_dump() for a in alarms if a.name not in names])
 
 
 def register_checkpoint(ref: CheckpointRef, name: str) -> RegisteredCheckpoint:
@@ -309,7 +314,7 @@ def log_stage(ref: CheckpointRef) -> None:
     from infra.tracking import log_artifact, log_metrics
 
     log_metrics({f"final/{k}": v for k, v in ref.metrics.items()})
-    for name in ("health.json", "health.png", "curve.json", "curve.png", "manifest.json", "command.txt"):
+    for name in ("health.json", "health.png", "alarms.json", "curve.json", "curve.png", "manifest.json", "command.txt"):
         p = Path(ref.stage_dir) / name
         if p.exists():
             log_artifact(p, "stage")

@@ -163,6 +163,7 @@ def _make_trainer_class() -> type:
                 raise RuntimeError(f"rollout_fn returned {len(samples)} samples for {len(rows)} rows")
             self._last_samples = samples
             self._log_search_metrics(samples)
+            self._notify_rollouts(rows, samples)
             return [s.prompt_ids for s in samples], [s.completion_ids for s in samples], None, {}
 
         def _log_search_metrics(self, samples: list[RolloutSample]) -> None:
@@ -177,6 +178,22 @@ def _make_trainer_class() -> type:
             masked = sum(len(s.loss_mask) - sum(s.loss_mask) for s in samples)
             total = sum(len(s.loss_mask) for s in samples) or 1
             self._metrics[mode]["search/masked_token_frac"].append(masked / total)
+
+        def _notify_rollouts(self, rows: list[dict[str, Any]], samples: list[RolloutSample]) -> None:
+            """Give the step's answers to callbacks with ``on_rollouts`` (the health alarms); log what they return."""
+            from training.agent.alarms import AnswerObs
+
+            hooks = [cb.on_rollouts for cb in self.callback_handler.callbacks if hasattr(cb, "on_rollouts")]
+            if not hooks:
+                return
+            items = [AnswerObs(question_id=str(r.get("question_id", r.get("question", ""))),
+                               question=str(r.get("question", "")), answer=s.extra.get("final_answer"),
+                               golden_answers=[str(g) for g in r.get("golden_answers") or []])
+                     for r, s in zip(rows, samples, strict=True)]
+            mode = "train" if self.model.training else "eval"
+            for hook in hooks:
+                for k, v in (hook(items) or {}).items():
+                    self._metrics[mode][k].append(v)
 
         def _calculate_rewards(self, inputs: list[dict[str, Any]], prompts: list[Any], completions: list[Any],
                                completion_ids_list: list[Any]) -> Any:
