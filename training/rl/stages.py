@@ -78,7 +78,13 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
     from training.rewards.adapters import trl_reward_func
     from training.rl.data import read_parquet, trl_rows
     from training.rl.health import health_callback, raise_if_unhealthy
-    from training.rl.trl_engine import build_trainer, engine_rollout_fn, last_checkpoint, prompt_rows
+    from training.rl.trl_engine import (
+        build_trainer,
+        engine_rollout_fn,
+        last_checkpoint,
+        policy_for_saving,
+        prompt_rows,
+    )
 
     tcfg = stage.trl
     if tcfg is None:
@@ -116,7 +122,7 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
         if sink:
             write_trajectories(sink, str(out / "rollouts"), stage=stage.name, engine="trl")
         raise_if_unhealthy(health)
-        trainer.save_model(str(out / "model"))
+        policy_for_saving(trainer.model).save_pretrained(str(out / "model"))  # LoRA: adapters merged
         tok.save_pretrained(str(out / "model"))
         steps, history = int(trainer.state.global_step), trainer.state.log_history
     ref = CheckpointRef(uri=str(out / "model"), base_model=init_model, stage_dir=str(out), stage=stage.name,
@@ -134,9 +140,15 @@ def _trainer_state(checkpoint: str | None) -> dict[str, Any]:
 
 
 def _save_policy(checkpoint: str, target: str, tokenizer: Any) -> None:
-    """Save a trainer checkpoint's weights as the stage's final HF folder."""
+    """Save a trainer checkpoint's weights as the stage's final HF folder (a LoRA checkpoint's adapters merged)."""
     from transformers import AutoModelForCausalLM
 
+    if (Path(checkpoint) / "adapter_config.json").exists():
+        from peft import AutoPeftModelForCausalLM
+
+        AutoPeftModelForCausalLM.from_pretrained(checkpoint).merge_and_unload().save_pretrained(target)
+        tokenizer.save_pretrained(target)
+        return
     AutoModelForCausalLM.from_pretrained(checkpoint).save_pretrained(target)
     tokenizer.save_pretrained(target)
 
