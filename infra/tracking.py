@@ -169,6 +169,21 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None, run_id: s
     client().log_batch(run_id, metrics=[Metric(k, v, now, step or 0) for k, v in clean.items()])
 
 
+def set_tags(tags: Mapping[str, str], run_id: str | None = None) -> None:
+    """Set string tags on ``run_id`` or the active run (values cut to MLflow's 5,000-character limit)."""
+    clean = {k: str(v)[:5000] for k, v in tags.items()}
+    if not clean:
+        return
+    if run_id is None:
+        import mlflow
+
+        mlflow.set_tags(clean)
+        return
+    from mlflow.entities import RunTag
+
+    client().log_batch(run_id, tags=[RunTag(k, v) for k, v in clean.items()])
+
+
 def log_artifact(path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
     """Log a local file or directory as run artifacts."""
     import mlflow

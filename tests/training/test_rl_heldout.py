@@ -112,10 +112,15 @@ def test_learning_report_writes_the_evidence_folder(tmp_path) -> None:
     stage = tmp_path / "grpo"
     stage.mkdir()
     (stage / "health.json").write_text(json.dumps([{"step": 1.0, "health/reward": 0.1, "health/kl": 0.0}]))
+    alarm = {"name": "search_collapse", "where": "training", "step": 6.0, "value": 0.2, "threshold": 0.47,
+             "message": "search collapse (training): stopped searching"}
+    (stage / "alarms.json").write_text(json.dumps([alarm]))  # what the health callback wrote during training
     ckpts = [SimpleNamespace(stage_dir=str(stage), stage="grpo", steps=1, uri=str(stage / "model"))]
     ref = write_learning_report(cfg, str(tmp_path / "start" / "heldout.jsonl"),
                                 str(tmp_path / "final" / "heldout.jsonl"), ckpts, data, str(tmp_path / "evidence"))
     assert ref.n == 40 and ref.improved["reward"] and ref.improved["format_ok"] and "| reward |" in ref.table
+    assert "| search_collapse | training | 6 | 0.2 | 0.47 |" in ref.table  # the CLI's closing table shows it
+    assert json.loads((tmp_path / "committed" / "summary.json").read_text())["alarms"] == [alarm]
     for folder in (tmp_path / "evidence", tmp_path / "committed"):
         names = {p.name for p in folder.iterdir()}
         assert {"heldout_start.jsonl", "heldout_final.jsonl", "train_ids.txt", "summary.json",

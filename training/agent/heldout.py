@@ -9,6 +9,9 @@ a checkpoint, the start-vs-final report with paired bootstrap intervals, learnin
   ``format_ok``, ``n_searches`` plus ``f1``, ``em``, ``cover_em``, ``dataset``, ``finish_reason``.
 - ``learning_summary``: paired bootstrap of final - start for every per-question field (``evaluation.paired``).
 - ``plot_learning_curves`` / ``plot_paired``: PNGs a person can read (bounded metrics on fixed [0, 1] axes).
+- ``learning_alarms``: the training-health alarms (``training.agent.alarms``: search collapse, answers copied from
+  the question, answer collapse) of the final rows and the curve, plus those the training run raised itself; they
+  go into ``summary.json`` (``alarms``), ``summary.md`` and MLflow tags ``health.alarm.<name>.<where>``.
 - ``write_evidence``: ``heldout_start.jsonl``, ``heldout_final.jsonl``, ``train_ids.txt``, ``summary.json``,
   ``curve.jsonl`` and the plots in one folder (``docs/results/learning/<recipe>/`` for committed evidence).
 
@@ -30,6 +33,7 @@ from evaluation.metrics import answer_metrics
 from infra import artifacts
 from infra.config import StrictModel
 from infra.errors import ConfigError, DataError
+from training.agent.alarms import Alarm, AlarmConfig, alarms_table, curve_alarms, heldout_alarms
 from training.agent.records import Trajectory
 from training.agent.rollout import RolloutConfig, run_rollouts
 
@@ -156,13 +160,34 @@ def learning_summary(
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """A markdown before/after table of a summary (mean start, mean final, difference and its interval)."""
+    """A markdown before/after table of a summary (mean start, mean final, difference and its interval), followed
+    by its health alarms when the summary has them."""
     pct = int(round(100 * summary["confidence"]))
     lines = [f"| field | start | final | final - start | {pct}% paired CI |", "|---|---|---|---|---|"]
     for f, d in summary["paired"].items():
         lines.append(f"| {f} | {d['start']:.4f} | {d['final']:.4f} | {d['diff']:+.4f} | "
                      f"[{d['low']:+.4f}, {d['high']:+.4f}] |")
+    if "alarms" in summary:
+        alarms = [Alarm(**a) for a in summary["alarms"]]
+        lines += ["", alarms_table(alarms)] + [f"- {a.message}" + (f" (step {a.step:g})" if a.step is not None
+                                                                     else "") for a in alarms]
     return "\n".join(lines)
+
+
+def learning_alarms(
+    start_rows: Sequence[dict[str, Any]], final_rows: Sequence[dict[str, Any]], curve: Sequence[dict[str, Any]] = (),
+    x: str = "step", cfg: AlarmConfig | None = None, window: int = 5, training: Sequence[Alarm] = (),
+) -> list[Alarm]:
+    """The alarms of a learning report: ``training`` ones (raised live by the health monitor) first, then the
+    final held-out rows' (against the start's searches) and the curve's, one per alarm name and place."""
+    cfg = cfg or AlarmConfig()
+    out = list(training)
+    seen = {(a.name, a.where) for a in out}
+    for a in heldout_alarms(cfg, final_rows, start_rows) + curve_alarms(cfg, curve, window, x=x):
+        if (a.name, a.where) not in seen:
+            seen.add((a.name, a.where))
+            out.append(a)
+    return out
 
 
 def _ylim(name: str, values: list[float]) -> tuple[float, float]:
@@ -276,18 +301,25 @@ def report_learning(
     recipe: str, start_rows: Sequence[dict[str, Any]], final_rows: Sequence[dict[str, Any]],
     train_ids: Iterable[str], out_dir: str | Path, curve: Sequence[dict[str, Any]] = (), x: str = "step",
     evidence_dir: str | Path | None = None, mlflow_run_id: str | None = None, confidence: float = 0.95,
-    n_resamples: int = 10000, **extra: Any,
+    n_resamples: int = 10000, alarm_config: AlarmConfig | None = None, alarm_window: int = 5,
+    training_alarms: Sequence[Alarm] = (), **extra: Any,
 ) -> dict[str, Any]:
     """The whole learning report of a recipe: summary (paired intervals), evidence files, plots, MLflow artifacts.
 
     Writes the evidence folder to ``out_dir`` and, when given, copies it to ``evidence_dir`` (e.g.
     ``docs/results/learning/<recipe>``); logs every file under ``learning/`` of ``mlflow_run_id`` and the paired
-    numbers as metrics (``heldout_<field>_start|final|diff|low|high``). Returns the summary.
+    numbers as metrics (``heldout_<field>_start|final|diff|low|high``). The health alarms (:func:`learning_alarms`
+    with ``alarm_config``, default thresholds when None, ``alarm_window`` training steps, plus ``training_alarms``)
+    go into the summary's ``alarms`` and the run's tags ``health.alarm.<name>.<where>``. Returns the summary.
     """
     import shutil
 
+    from training.agent.alarms import alarm_tags
+
+    alarms = learning_alarms(start_rows, final_rows, curve, x=x, cfg=alarm_config, window=alarm_window,
+                             training=training_alarms)
     summary = learning_summary(recipe, start_rows, final_rows, confidence=confidence, n_resamples=n_resamples,
-                               mlflow_run_id=mlflow_run_id, **extra)
+                               mlflow_run_id=mlflow_run_id, alarms=[a.model_dump() for a in alarms], **extra)
     files = write_evidence(out_dir, start_rows, final_rows, train_ids, summary, curve, x=x)
     if evidence_dir is not None:
         dest = Path(evidence_dir)
@@ -304,5 +336,10 @@ def report_learning(
             for k in ("start", "final", "diff", "low", "high"):
                 if math.isfinite(d[k]):
                     client.log_metric(mlflow_run_id, f"heldout_{field}_{k}", d[k])
+        from infra.tracking import set_tags
+
+        set_tags(alarm_tags(alarms), run_id=mlflow_run_id)
+    for a in alarms:
+        log.warning("%s health alarm: %s", recipe, a.message)
     log.info("%s learning report:\n%s", recipe, summary_table(summary))
     return summary

@@ -1,4 +1,5 @@
-"""Training-health monitors: per-step reward, format failures, searches, length, entropy/KL; stop on NaN or collapse.
+"""Training-health monitors: per-step reward, format failures, searches, length, entropy/KL; stop on NaN or collapse;
+alarms for search collapse, answers copied from the question and answer collapse (``training.agent.alarms``).
 
 :class:`HealthMonitor` is pure logic over a stream of metric dicts (one per logging step) so it is testable with
 synthetic streams. :func:`health_callback` wraps it in a transformers ``TrainerCallback`` that logs the monitored
@@ -8,20 +9,30 @@ after the failure so the last *good* checkpoint is the newest one on disk.
 Metric names are read from TRL's GRPO logs (``reward``, ``entropy``, ``kl``, ``completions/mean_length``) and the
 search trainer's additions (``search/format_failure_rate``, ``search/searches_per_traj``); verl's names map through
 ``ALIASES``.
+
+Alarms (:class:`HealthConfig` inherits their thresholds from ``training.agent.alarms.AlarmConfig``) warn by default:
+the callback logs each first firing, sets the MLflow tag ``health.alarm.<name>.training`` and keeps it in
+``alarms``; an alarm listed in ``health.stop_on`` stops training at its step like a failed check. The trainer feeds
+each step's rollouts to the callback's ``on_rollouts`` (question, answer, gold) for the two answer alarms.
+
+``python -m training.rl.health docs/results/learning/<recipe> ...`` re-checks committed evidence folders and prints
+which alarms fire (:func:`main`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import Field
 
 from infra.config import StrictModel
 from infra.errors import SearchloopError
+from training.agent.alarms import Alarm, AlarmConfig, AnswerObs, copied_share, evidence_alarms, window_alarms
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +46,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "kl": ("kl", "actor/kl_loss"),
     "loss": ("loss", "actor/pg_loss"),
     "grad_norm": ("grad_norm", "actor/grad_norm"),
+    "copied_answer_rate": ("search/copied_answer_rate",),
+    "top_answer_share": ("search/top_answer_share",),
 }
 
 
@@ -42,8 +55,10 @@ class TrainingHealthError(SearchloopError):
     """Training was stopped by a health check; the message names the metric, the step and the kept checkpoint."""
 
 
-class HealthConfig(StrictModel):
-    """Thresholds of the health checks (None disables a check)."""
+class HealthConfig(AlarmConfig):
+    """Thresholds of the health checks (None disables a check) and of the alarms (``AlarmConfig``'s fields:
+    ``search_collapse_ratio``, ``search_baseline_steps``, ``max_copied_share``, ``max_answer_share``,
+    ``min_answer_questions``, ``stop_on``)."""
 
     window: int = Field(default=5, ge=1, description="Consecutive steps a collapse condition must hold.")
     min_reward_std: float | None = Field(
@@ -85,6 +100,20 @@ class HealthMonitor:
         self.history: dict[str, deque[float]] = {k: deque(maxlen=cfg.window) for k in ALIASES}
         self.steps_seen = 0
         self.failed: HealthVerdict | None = None
+        self.searches: list[float] = []  # every step's searches per trajectory (the first ones are the start)
+        self.answers: deque[list[AnswerObs]] = deque(maxlen=cfg.window)
+        self.alarms: list[Alarm] = []  # first firing of each alarm
+        self.new_alarms: list[Alarm] = []  # fired at the last update
+
+    def observe_rollouts(self, items: Sequence[AnswerObs]) -> dict[str, float]:
+        """Record one step's rollouts; returns the step's answer metrics (``search/copied_answer_rate``,
+        ``search/top_answer_share`` over the window's questions) to merge into that step's log."""
+        from training.agent.alarms import top_answer
+
+        self.answers.append(list(items))
+        _, count, n_q = top_answer([i for step in self.answers for i in step])
+        return {"search/copied_answer_rate": copied_share(items),
+                "search/top_answer_share": count / n_q if n_q else 0.0}
 
     def snapshot(self, metrics: Mapping[str, Any]) -> dict[str, float]:
         """The monitored metrics present in a raw log dict, under our names (prefixed ``health/``)."""
@@ -109,10 +138,30 @@ class HealthMonitor:
                 self.history[name].append(value)
         if not reason and self.steps_seen > self.cfg.warmup_steps:
             reason = self._collapse_reason()
+        if not reason:
+            reason = self._alarm_reason(step, values)
         verdict = HealthVerdict(ok=not reason, step=step, reason=reason)
         if not verdict.ok:
             self.failed = verdict
         return verdict
+
+    def _alarm_reason(self, step: int, values: Mapping[str, float | None]) -> str:
+        """Run the alarms; record first firings; the reason to stop when one is in ``stop_on``."""
+        searches = values.get("searches_per_traj")
+        if searches is not None and math.isfinite(searches):
+            self.searches.append(searches)
+        copied = list(self.history["copied_answer_rate"]) if values.get("copied_answer_rate") is not None else []
+        window_items = [i for s in self.answers for i in s]
+        fired = window_alarms(self.cfg, step, self.searches if searches is not None else [], copied, window_items,
+                              self.cfg.window)
+        seen = {a.name for a in self.alarms}
+        self.new_alarms = [a for a in fired if a.name not in seen]
+        self.alarms += self.new_alarms
+        for a in self.new_alarms:
+            if a.name in self.cfg.stop_on:
+                return f"alarm {a.name} (health.stop_on): {a.message}"
+            log.warning("health alarm at step %s: %s", step, a.message)
+        return ""
 
     def _nan_reason(self, values: Mapping[str, float | None]) -> str:
         if not self.cfg.stop_on_nan:
@@ -158,7 +207,9 @@ def health_callback(cfg: HealthConfig, log_to_mlflow: bool = True) -> Any:
 
     It logs ``health/*`` metrics to the active MLflow run (``log_to_mlflow``), sets ``should_training_stop`` and
     clears ``should_save`` on failure, and records ``last_good_checkpoint`` (the newest checkpoint saved before
-    it). After ``trainer.train()`` call :func:`raise_if_unhealthy`.
+    it). Alarms that fire are kept in ``alarms`` and set as MLflow tags ``health.alarm.<name>.training``. The
+    trainer calls ``on_rollouts(items)`` with each step's :class:`AnswerObs` and logs the returned metrics. After
+    ``trainer.train()`` call :func:`raise_if_unhealthy`.
     """
     from transformers import TrainerCallback
 
@@ -167,6 +218,13 @@ def health_callback(cfg: HealthConfig, log_to_mlflow: bool = True) -> Any:
             self.monitor = HealthMonitor(cfg)
             self.last_good_checkpoint: str | None = None
             self.series: list[dict[str, float]] = []
+
+        @property
+        def alarms(self) -> list[Alarm]:
+            return self.monitor.alarms
+
+        def on_rollouts(self, items: Sequence[AnswerObs]) -> dict[str, float]:
+            return self.monitor.observe_rollouts(items)
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
                    **kwargs: Any) -> None:
@@ -179,6 +237,8 @@ def health_callback(cfg: HealthConfig, log_to_mlflow: bool = True) -> Any:
             if log_to_mlflow:
                 raw = {f"train/{k}": v for k, v in logs.items() if isinstance(v, (int, float))}
                 _log_mlflow({**raw, **snap}, state.global_step)
+                if self.monitor.new_alarms:
+                    _tag_mlflow(self.monitor.new_alarms)
             if not verdict.ok:
                 log.error("health check failed at step %s: %s", verdict.step, verdict.reason)
                 control.should_training_stop = True
@@ -207,6 +267,14 @@ def _log_mlflow(metrics: Mapping[str, float], step: int) -> None:
     except ImportError:
         return
     tracking.log_metrics(metrics, step=step)
+
+
+def _tag_mlflow(alarms: Sequence[Alarm]) -> None:
+    from infra import tracking
+    from training.agent.alarms import alarm_tags
+
+    if tracking.active_run_id() is not None:
+        tracking.set_tags(alarm_tags(alarms))
 
 
 def raise_if_unhealthy(callback: Any) -> None:
@@ -242,3 +310,50 @@ def plot_health(series: list[Mapping[str, float]], path: str) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def check_folders(folders: Sequence[str], cfg: HealthConfig | None = None) -> list[tuple[str, list[Alarm]]]:
+    """The alarms of each evidence folder (``training.agent.alarms.evidence_alarms`` with ``cfg``'s thresholds)."""
+    cfg = cfg or HealthConfig()
+    alarm_cfg = AlarmConfig(**{k: getattr(cfg, k) for k in AlarmConfig.model_fields})
+    return [(f, evidence_alarms(f, alarm_cfg, window=cfg.window)) for f in folders]
+
+
+def alarms_report(results: Sequence[tuple[str, list[Alarm]]]) -> str:
+    """A markdown table: one row per folder, one column per alarm (the value where it fired, else "-")."""
+    from training.agent.alarms import ALARMS
+
+    lines = ["| evidence folder | " + " | ".join(ALARMS) + " |", "|---" * (len(ALARMS) + 1) + "|"]
+    for folder, alarms in results:
+        cells = []
+        for name in ALARMS:
+            fired = [a for a in alarms if a.name == name]
+            cells.append("; ".join(f"{a.where}{f' step {a.step:g}' if a.step is not None else ''}: "
+                                   f"{a.value:.3g} (limit {a.threshold:.3g})" for a in fired) or "-")
+        lines.append(f"| {folder.rstrip('/')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m training.rl.health FOLDER...``: print which alarms fire on each evidence folder (default
+    thresholds; ``--window N`` for the training window). Exit status 1 when any fires, so a script can gate."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m training.rl.health", description=main.__doc__)
+    parser.add_argument("folders", nargs="+", help="evidence folders (docs/results/learning/<recipe>)")
+    parser.add_argument("--window", type=int, default=5, help="training steps a condition is averaged over")
+    args = parser.parse_args(argv)
+    try:
+        results = check_folders(args.folders, HealthConfig(window=args.window))
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(alarms_report(results))
+    for folder, alarms in results:
+        for a in alarms:
+            print(f"{folder.rstrip('/')}: {a.message}" + (f" (step {a.step:g})" if a.step is not None else ""))
+    return 1 if any(alarms for _, alarms in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -156,20 +156,25 @@ def learning_curve(ckpts: list[Any]) -> list[dict[str, Any]]:
 
 def write_learning_report(cfg: Any, start: str, final: str, ckpts: list[Any], data: Any, out_uri: str) -> LearningRef:
     """The paired start-vs-final report of the recipe: evidence folder in ``out_uri`` (copied to
-    ``eval.evidence_dir``), plots, MLflow artifacts under ``learning/`` of the active run."""
+    ``eval.evidence_dir``), plots, MLflow artifacts under ``learning/`` of the active run, and the health alarms
+    (the stages' ``alarms.json`` from training plus the held-out rows' and curve's, ``health:`` thresholds)."""
     import mlflow
 
     from infra.settings import REPO_ROOT
+    from training.agent.alarms import Alarm
     from training.agent.heldout import report_learning, summary_table
 
     run = mlflow.active_run()
+    alarm_files = [Path(c.stage_dir) / "alarms.json" for c in ckpts]
+    trained = [Alarm(**a) for p in alarm_files if p.exists() for a in artifacts.read_json(str(p))]
     start_meta = artifacts.read_manifest(str(Path(artifacts.local_path(start)).parent)) or {}
     final_meta = artifacts.read_manifest(str(Path(artifacts.local_path(final)).parent)) or {}
     summary = report_learning(
         cfg.name, artifacts.read_jsonl(start), artifacts.read_jsonl(final), training_ids(cfg, data),
         artifacts.local_path(out_uri), curve=learning_curve(ckpts), x="step",
         evidence_dir=str(REPO_ROOT / cfg.eval.evidence_dir) if cfg.eval.evidence_dir else None,
-        mlflow_run_id=run.info.run_id if run else None,
+        mlflow_run_id=run.info.run_id if run else None, alarm_config=cfg.health, alarm_window=cfg.health.window,
+        training_alarms=trained,
         steps=[c.steps for c in ckpts], start_model=start_meta.get("model"), final_model=ckpts[-1].uri,
         heldout_seconds={"start": start_meta.get("seconds"), "final": final_meta.get("seconds")})
     for c in ckpts:  # the stages' own training-health plots next to the evidence
@@ -196,6 +201,7 @@ def heldout_curve_callback(cfg: Any, out_dir: str) -> Any:
     run and rewrites ``out_dir/curve.json`` + ``curve.png`` each time."""
     from transformers import TrainerCallback
 
+    from training.agent.alarms import answer_stats
     from training.agent.evaluate import open_searcher
     from training.agent.heldout import means, plot_learning_curves
     from training.agent.rollout import run_rollouts
@@ -224,7 +230,8 @@ def heldout_curve_callback(cfg: Any, out_dir: str) -> Any:
                                          tokenizer)
             finally:
                 model.train(was_training)
-            point = {"step": float(step), **means(heldout_rows(cfg, trajs, tokenizer), METRICS)}
+            rows = heldout_rows(cfg, trajs, tokenizer)
+            point = {"step": float(step), **means(rows, METRICS), **answer_stats(rows)}
             self.points.append(point)
             log.info("held-out curve at step %d: %s", step, point)
             if mlflow.active_run() is not None:

@@ -78,7 +78,13 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
     from training.rewards.adapters import trl_reward_func
     from training.rl.data import read_parquet, trl_rows
     from training.rl.health import health_callback, raise_if_unhealthy
-    from training.rl.trl_engine import build_trainer, engine_rollout_fn, last_checkpoint, prompt_rows
+    from training.rl.trl_engine import (
+        build_trainer,
+        engine_rollout_fn,
+        last_checkpoint,
+        policy_for_saving,
+        prompt_rows,
+    )
 
     tcfg = stage.trl
     if tcfg is None:
@@ -112,11 +118,11 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
             callbacks.append(heldout_curve_callback(cfg, str(out)))
         trainer = build_trainer(tcfg, model_path, rows, [reward], rollout, ckpt_dir, callbacks=callbacks)
         trainer.train(resume_from_checkpoint=resume)
-        _write_health(out, health.series)
+        _write_health(out, health.series, health.alarms)
         if sink:
             write_trajectories(sink, str(out / "rollouts"), stage=stage.name, engine="trl")
         raise_if_unhealthy(health)
-        trainer.save_model(str(out / "model"))
+        policy_for_saving(trainer.model).save_pretrained(str(out / "model"))  # LoRA: adapters merged
         tok.save_pretrained(str(out / "model"))
         steps, history = int(trainer.state.global_step), trainer.state.log_history
     ref = CheckpointRef(uri=str(out / "model"), base_model=init_model, stage_dir=str(out), stage=stage.name,
@@ -134,15 +140,22 @@ def _trainer_state(checkpoint: str | None) -> dict[str, Any]:
 
 
 def _save_policy(checkpoint: str, target: str, tokenizer: Any) -> None:
-    """Save a trainer checkpoint's weights as the stage's final HF folder."""
+    """Save a trainer checkpoint's weights as the stage's final HF folder (a LoRA checkpoint's adapters merged)."""
     from transformers import AutoModelForCausalLM
 
+    if (Path(checkpoint) / "adapter_config.json").exists():
+        from peft import AutoPeftModelForCausalLM
+
+        AutoPeftModelForCausalLM.from_pretrained(checkpoint).merge_and_unload().save_pretrained(target)
+        tokenizer.save_pretrained(target)
+        return
     AutoModelForCausalLM.from_pretrained(checkpoint).save_pretrained(target)
     tokenizer.save_pretrained(target)
 
 
-def _write_health(out: Path, series: list[dict[str, float]]) -> None:
-    """Append this run's health series to the stage's ``health.json`` (a resumed run continues it) and plot it."""
+def _write_health(out: Path, series: list[dict[str, float]], alarms: list[Any] = ()) -> None:
+    """Append this run's health series to the stage's ``health.json`` (a resumed run continues it) and plot it;
+    the alarms that fired (``training.agent.alarms.Alarm``) go to ``alarms.json`` (a resumed run adds its own)."""
     from training.rl.health import plot_health
 
     path = out / "health.json"
@@ -152,6 +165,10 @@ def _write_health(out: Path, series: list[dict[str, float]]) -> None:
     artifacts.write_json(str(path), merged)
     if merged:
         plot_health(merged, str(out / "health.png"))
+    apath = out / "alarms.json"
+    old_alarms = artifacts.read_json(str(apath)) if apath.exists() else []
+    names = {a["name"] for a in old_alarms}
+    artifacts.write_json(str(apath), old_alarms + [a.model_dump() for a in alarms if a.name not in names])
 
 
 def register_checkpoint(ref: CheckpointRef, name: str) -> RegisteredCheckpoint:
@@ -309,7 +326,7 @@ def log_stage(ref: CheckpointRef) -> None:
     from infra.tracking import log_artifact, log_metrics
 
     log_metrics({f"final/{k}": v for k, v in ref.metrics.items()})
-    for name in ("health.json", "health.png", "curve.json", "curve.png", "manifest.json", "command.txt"):
+    for name in ("health.json", "health.png", "alarms.json", "curve.json", "curve.png", "manifest.json", "command.txt"):
         p = Path(ref.stage_dir) / name
         if p.exists():
             log_artifact(p, "stage")

@@ -16,6 +16,14 @@ passed to the :data:`RolloutFn` as ``seed=``; the rollout engine then uses ``see
 backend draws every sample of a batch from that stream. So steps never replay the same noise, a re-run with the
 same ``seed`` reproduces them, and a resumed run continues with the seeds of the steps it had not done.
 
+Cost switches (``TRLSearchConfig``): ``lora_rank`` trains LoRA adapters instead of every weight, and the KL
+reference is then the same model with its adapters disabled (TRL's ``disable_adapter()``: no second model in
+memory); ``beta=0`` drops the reference forward pass altogether (TRL builds no reference model); ``precision=bf16``
+runs the policy's forward/backward (accelerate autocast) and the rollouts (``torch.autocast``) in bfloat16, allowed
+only where the hardware has native bf16 (:func:`native_bf16`: a bf16 GPU, or the CPU flags ``avx512_bf16`` /
+``amx_bf16``). :func:`policy_for_saving` merges LoRA adapters back so a stage's ``model/`` is a plain HF folder.
+``benchmarks/grpo_step.py`` measures what each switch saves per step.
+
 Rewards are TRL ``reward_funcs`` (plain functions); they receive the rollout's full response text (generated +
 inserted) as ``completions`` and per-row extras (``finish_reason``, ``num_searches``, ``format_ok``). Search
 statistics are logged with TRL's metrics (``search/*``), which the health callback reads.
@@ -100,6 +108,14 @@ class TRLSearchConfig(StrictModel):
     logging_steps: int = Field(default=1, ge=1, description="Log every N steps.")
     seed: int = Field(default=0, description="Trainer seed.")
     gradient_checkpointing: bool = Field(default=False, description="Activation checkpointing.")
+    lora_rank: int | None = Field(
+        default=None, ge=1, description="Train LoRA adapters of this rank on every linear layer (None: full "
+        "fine-tune). With beta > 0 the reference is the policy with its adapters disabled (no model copy).")
+    lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator (with lora_rank).")
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA dropout (with lora_rank).")
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="bf16: autocast the policy's forward/backward and the rollouts to bfloat16; "
+        "only where the hardware has native bf16 (CPU flags avx512_bf16/amx_bf16, or a bf16 GPU), else an error.")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="Completions per forward/backward (gradient accumulation over the step's "
         "prompts_per_step x num_generations); None = the whole step at once. Bounds training memory: 16 ReSearch "
@@ -112,6 +128,56 @@ class TRLSearchConfig(StrictModel):
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step x "
                              f"num_generations = {step}")
         return self
+
+
+def cpu_flags() -> set[str]:
+    """The CPU feature flags of ``/proc/cpuinfo`` (empty where it is not readable)."""
+    from pathlib import Path
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def native_bf16() -> bool:
+    """Whether bf16 math is native here: a CUDA device that supports it, else the CPU flags avx512_bf16/amx_bf16."""
+    import torch
+
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported())
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def check_precision(cfg: TRLSearchConfig) -> None:
+    """Raise ConfigError when ``precision=bf16`` is asked for on hardware without native bf16."""
+    from infra.errors import ConfigError
+
+    if cfg.precision == "bf16" and not native_bf16():
+        raise ConfigError("trl.precision=bf16 needs native bf16 (CPU flags avx512_bf16 or amx_bf16, or a bf16 GPU); "
+                          "this machine has neither, and emulated bf16 is slower than fp32: set trl.precision=fp32")
+
+
+def peft_config(cfg: TRLSearchConfig) -> Any:
+    """The peft ``LoraConfig`` of ``cfg`` (every linear layer), or None for a full fine-tune."""
+    if cfg.lora_rank is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def policy_for_saving(model: Any) -> Any:
+    """The trained policy as a plain transformers model: LoRA adapters merged into the weights (a peft model), or
+    the model itself."""
+    if hasattr(model, "merge_and_unload"):
+        return model.merge_and_unload()
+    return model
 
 
 def _pad_right(seqs: Sequence[Sequence[int]], width: int, value: int = 0) -> list[list[int]]:
@@ -152,8 +218,10 @@ def _make_trainer_class() -> type:
                 raise RuntimeError("search rollouts need the batch rows; call through _generate_and_score_completions")
             was_training = self.model.training
             self.model.eval()
+            bf16 = torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16,
+                                  enabled=bool(self.args.bf16))
             try:
-                with torch.no_grad():
+                with torch.no_grad(), bf16:
                     seed = self.rollout_seeds.next(self.state.global_step)
                     samples = self.rollout_fn(rows, self.accelerator.unwrap_model(self.model), self.processing_class,
                                               seed=seed)
@@ -163,6 +231,7 @@ def _make_trainer_class() -> type:
                 raise RuntimeError(f"rollout_fn returned {len(samples)} samples for {len(rows)} rows")
             self._last_samples = samples
             self._log_search_metrics(samples)
+            self._notify_rollouts(rows, samples)
             return [s.prompt_ids for s in samples], [s.completion_ids for s in samples], None, {}
 
         def _log_search_metrics(self, samples: list[RolloutSample]) -> None:
@@ -177,6 +246,22 @@ def _make_trainer_class() -> type:
             masked = sum(len(s.loss_mask) - sum(s.loss_mask) for s in samples)
             total = sum(len(s.loss_mask) for s in samples) or 1
             self._metrics[mode]["search/masked_token_frac"].append(masked / total)
+
+        def _notify_rollouts(self, rows: list[dict[str, Any]], samples: list[RolloutSample]) -> None:
+            """Give the step's answers to callbacks with ``on_rollouts`` (the health alarms); log what they return."""
+            from training.agent.alarms import AnswerObs
+
+            hooks = [cb.on_rollouts for cb in self.callback_handler.callbacks if hasattr(cb, "on_rollouts")]
+            if not hooks:
+                return
+            items = [AnswerObs(question_id=str(r.get("question_id", r.get("question", ""))),
+                               question=str(r.get("question", "")), answer=s.extra.get("final_answer"),
+                               golden_answers=[str(g) for g in r.get("golden_answers") or []])
+                     for r, s in zip(rows, samples, strict=True)]
+            mode = "train" if self.model.training else "eval"
+            for hook in hooks:
+                for k, v in (hook(items) or {}).items():
+                    self._metrics[mode][k].append(v)
 
         def _calculate_rewards(self, inputs: list[dict[str, Any]], prompts: list[Any], completions: list[Any],
                                completion_ids_list: list[Any]) -> Any:
@@ -239,7 +324,8 @@ def grpo_args(cfg: TRLSearchConfig, output_dir: str, report_to: list[str] | None
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
         logging_steps=cfg.logging_steps, seed=cfg.seed, report_to=report_to or [],
         use_cpu=not torch.cuda.is_available(),
-        bf16=False, fp16=False, gradient_checkpointing=cfg.gradient_checkpointing, remove_unused_columns=False,
+        bf16=cfg.precision == "bf16", fp16=False, gradient_checkpointing=cfg.gradient_checkpointing,
+        remove_unused_columns=False,
         dataloader_num_workers=0, disable_tqdm=True, save_only_model=False,
     )
 
@@ -266,6 +352,7 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
 
     if len(rows) < cfg.prompts_per_step:
         raise ValueError(f"{len(rows)} training prompts is fewer than prompts_per_step={cfg.prompts_per_step}")
+    check_precision(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
@@ -273,7 +360,7 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
     model = AutoModelForCausalLM.from_pretrained(model_path)
     cls = trainer_class()
     return cls(model=model, reward_funcs=list(reward_funcs), args=grpo_args(cfg, output_dir),
-               train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+               train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config(cfg),
                callbacks=[*(callbacks or []), progress_callback()], rollout_fn=rollout_fn)
 
 

@@ -1,0 +1,283 @@
+"""One GRPO step of a learning preset, profiled part by part, against cheaper engine settings in the same run.
+
+For the preset's first stage (``flows/configs/<preset>.yaml``: its TRL settings, protocol, reward, retriever and
+training questions) this builds the real ``SearchGRPOTrainer`` (``training.rl.trl_engine.build_trainer``) with the
+preset's model and runs ``--warmup + --steps`` optimizer steps per variant, timing inside each measured step:
+
+- rollout: the multi-turn search rollouts with the live policy (generation + retrieval);
+- reference forward: no-grad log-prob passes (the KL reference: a model copy, or the LoRA-disabled policy);
+- policy forward/backward: the training step minus the rollout/scoring phase (loss forward + backward);
+- optimizer: ``optimizer.step`` (between the trainer's pre/post optimizer-step events);
+- other: the rest of the step (rewards, tokenization, padding, logging).
+
+Variants (each a real ``TRLSearchConfig``): ``today`` (the preset as committed), then cumulatively ``lora`` (LoRA
+rank 16, reference = adapter-disabled policy), ``bf16`` (autocast, only where the CPU has native bf16),
+``beta0`` (no KL term: no reference pass) and ``short`` (max_completion_length and max_tokens_per_turn x 2/3).
+Prints trajectories trained per minute per variant and its ratio to ``today``, the bf16 vs fp32 log-prob gap on one
+batch, dtype, CPU flags, threads and load. The model is the preset's base model (the warm-up SFT is skipped: the
+step's cost does not depend on it, though trajectory lengths do; the tokens per trajectory are printed).
+
+Usage: ``PYTHONPATH=. nice -n 10 python benchmarks/grpo_step.py --preset searchr1_learn_cpu --threads 2``
+(about 6 minutes on 2 cores); ``--variants today,lora`` for a subset; ``--out docs/results/...md`` writes the
+markdown report too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+ORDER = ("today", "lora", "bf16", "beta0", "short")
+
+
+def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
+    """The cumulative cheaper settings up to ``name`` (``today`` is the preset as is)."""
+    upd: dict[str, Any] = {}
+    for step in ORDER[1: ORDER.index(name) + 1]:
+        if step == "lora":
+            upd["lora_rank"] = lora_rank
+        elif step == "bf16":
+            upd["precision"] = "bf16"
+        elif step == "beta0":
+            upd["beta"] = 0.0
+        elif step == "short":
+            upd["max_completion_length"] = max(8, base.max_completion_length * 2 // 3)
+            upd["max_tokens_per_turn"] = max(1, base.max_tokens_per_turn * 2 // 3)
+    return base.model_copy(update=upd)
+
+
+class StepClock:
+    """Accumulates seconds per part for the steps after ``skip`` (the first ones warm caches up)."""
+
+    def __init__(self, skip: int) -> None:
+        self.skip = skip
+        self.step = 0
+        self.parts: dict[str, float] = defaultdict(float)
+        self.steps: list[float] = []
+        self.tokens: list[int] = []
+
+    @property
+    def measuring(self) -> bool:
+        return self.step >= self.skip
+
+    def add(self, part: str, seconds: float) -> None:
+        if self.measuring:
+            self.parts[part] += seconds
+
+
+def instrument(trainer: Any, clock: StepClock) -> None:
+    """Wrap the trainer's phases with timers (instance attributes shadow the class's methods)."""
+    import torch
+    from transformers import TrainerCallback
+
+    def timed(name: str, fn: Any, part: Any) -> None:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                clock.add(part() if callable(part) else part, time.perf_counter() - t0)
+        setattr(trainer, name, wrapper)
+
+    inner_rollout = trainer.rollout_fn
+
+    def rollout(rows: Any, model: Any, tok: Any, seed: Any = None) -> Any:
+        t0 = time.perf_counter()
+        samples = inner_rollout(rows, model, tok, seed=seed)
+        clock.add("rollout", time.perf_counter() - t0)
+        if clock.measuring:
+            clock.tokens += [len(s.completion_ids) for s in samples]
+        return samples
+
+    trainer.rollout_fn = rollout
+    timed("_get_per_token_logps_and_entropies", trainer._get_per_token_logps_and_entropies,
+          lambda: "_policy_logps" if torch.is_grad_enabled() else "reference forward")
+    timed("_generate_and_score_completions", trainer._generate_and_score_completions, "_generate_and_score")
+    timed("training_step", trainer.training_step, "_training_step")
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.o0 = time.perf_counter()
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            clock.add("optimizer", time.perf_counter() - self.o0)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if clock.measuring:
+                clock.steps.append(time.perf_counter() - self.t0)
+            clock.step += 1
+
+    trainer.add_callback(Clock())
+
+
+def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward: Any, rollout: Any, out: Path,
+                warmup: int, steps: int) -> dict[str, Any]:
+    """Train ``warmup + steps`` steps with ``tcfg``; the measured steps' seconds per part."""
+    from training.rl.trl_engine import build_trainer
+
+    cfg = tcfg.model_copy(update={"max_steps": warmup + steps, "save_steps": 10_000, "logging_steps": 1})
+    trainer = build_trainer(cfg, model_path, rows, [reward], rollout, str(out / name))
+    clock = StepClock(warmup)
+    instrument(trainer, clock)
+    trainer.train()
+    n = len(clock.steps)
+    p = {k: v / n for k, v in clock.parts.items()}
+    gen = p.pop("_generate_and_score", 0.0)
+    train = p.pop("_training_step", 0.0)
+    p.pop("_policy_logps", None)
+    step = sum(clock.steps) / n
+    parts = {"rollout": p.get("rollout", 0.0), "reference forward": p.get("reference forward", 0.0),
+             "policy forward/backward": max(0.0, train - gen), "optimizer": p.get("optimizer", 0.0)}
+    parts["other"] = max(0.0, step - sum(parts.values()))
+    trajs = cfg.prompts_per_step * cfg.num_generations
+    trainable = sum(x.numel() for x in trainer.model.parameters() if x.requires_grad)
+    return {"name": name, "step_s": step, "parts": parts, "traj_per_min": 60 * trajs / step,
+            "tokens_per_traj": sum(clock.tokens) / max(1, len(clock.tokens)), "trainable": trainable,
+            "ref_model": trainer.ref_model is not None, "cfg": cfg}
+
+
+def bf16_gap(model_path: str, rows: list[dict], tokenizer: Any) -> dict[str, float]:
+    """Per-token log-probs of the prompts under fp32 vs bf16 autocast (same weights): mean and max |difference|."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    enc = tokenizer([r["prompt"] for r in rows[:4]], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        fp32 = torch.log_softmax(model(**enc).logits.float(), -1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = torch.log_softmax(model(**enc).logits.float(), -1)
+    ids = enc["input_ids"][:, 1:].unsqueeze(-1)
+    mask = enc["attention_mask"][:, 1:].bool()
+    a = fp32[:, :-1].gather(-1, ids).squeeze(-1)[mask]
+    b = bf16[:, :-1].gather(-1, ids).squeeze(-1)[mask]
+    d = (a - b).abs()
+    return {"mean_abs": float(d.mean()), "max_abs": float(d.max()), "mean_logp_fp32": float(a.mean())}
+
+
+def environment(threads: int) -> dict[str, Any]:
+    """CPU flags that matter, threads, load, nice level."""
+    import torch
+
+    from training.rl.trl_engine import cpu_flags, native_bf16
+
+    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni"})
+    return {"cpu_flags": flags, "native_bf16": native_bf16(), "torch_threads": torch.get_num_threads(),
+            "threads_arg": threads, "cpus": os.cpu_count(), "load_1_5_15": os.getloadavg(), "nice": os.nice(0),
+            "torch": torch.__version__}
+
+
+def report(preset: str, env_before: dict, env_after: dict, results: list[dict], gap: dict | None,
+           command: str, warmup: int, steps: int) -> str:
+    """The markdown report."""
+    base = results[0]
+    c = base["cfg"]
+    lines = [f"# One GRPO step of `{preset}`, profiled (benchmarks/grpo_step.py)", "",
+             f"Command: `{command}`", "",
+             f"Preset step: {c.prompts_per_step} prompts x {c.num_generations} generations = "
+             f"{c.prompts_per_step * c.num_generations} trajectories, micro_batch_size={c.micro_batch_size}, "
+             f"beta={c.beta}, max_completion_length={c.max_completion_length}, "
+             f"max_tokens_per_turn={c.max_tokens_per_turn}. {warmup} warm-up step(s) then {steps} measured step(s) "
+             "per variant (mean seconds per measured step).", "",
+             f"Machine: CPU flags {env_before['cpu_flags']}, native bf16: {env_before['native_bf16']}, torch "
+             f"{env_before['torch']} with {env_before['torch_threads']} threads on {env_before['cpus']} CPUs, nice "
+             f"{env_before['nice']}, load (1/5/15 min) before {tuple(round(x, 2) for x in env_before['load_1_5_15'])}"
+             f", after {tuple(round(x, 2) for x in env_after['load_1_5_15'])}.", "",
+             "| variant | dtype | LoRA | beta | ref model copy | rollout s | reference fwd s | policy fwd/bwd s | "
+             "optimizer s | other s | step s | tokens/traj | trajectories/min | x today |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        c, p = r["cfg"], r["parts"]
+        lines.append(
+            f"| {r['name']} | {'bf16 autocast' if c.precision == 'bf16' else 'fp32'} | "
+            f"{c.lora_rank or 'full'} | {c.beta} | {'yes' if r['ref_model'] else 'no'} | {p['rollout']:.1f} | "
+            f"{p['reference forward']:.1f} | {p['policy forward/backward']:.1f} | {p['optimizer']:.2f} | "
+            f"{p['other']:.1f} | {r['step_s']:.1f} | {r['tokens_per_traj']:.0f} | {r['traj_per_min']:.1f} | "
+            f"{r['traj_per_min'] / base['traj_per_min']:.2f} |")
+    best = results[-1]
+    lines += ["", f"**Ratio (b)/(a): {best['traj_per_min'] / base['traj_per_min']:.2f}x** trajectories trained per "
+              f"minute, `{best['name']}` (all switches up to it) against `today`."]
+    if gap:
+        lines += ["", f"bf16 autocast vs fp32, per-token log-probs of 4 prompts (same weights): mean |diff| "
+                      f"{gap['mean_abs']:.4f}, max {gap['max_abs']:.4f} nats "
+                      f"(mean log-prob {gap['mean_logp_fp32']:.3f})."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="searchr1_learn_cpu")
+    parser.add_argument("--stage", default=None, help="stage name (default: the first)")
+    parser.add_argument("--variants", default=",".join(ORDER), help=f"comma list from {ORDER}; today first")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--out", default=None, help="also write the markdown report here")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from evaluation.benchmarks import load_benchmark
+    from infra.config import load_config
+    from retrieval.open import open_searcher
+    from training.agent.rollout import RolloutConfig
+    from training.generation.models import load_tokenizer
+    from training.protocols.base import load_protocol
+    from training.rewards.adapters import trl_reward_func
+    from training.rl.config import RLConfig, resolve_model
+    from training.rl.data import default_messages, trl_rows, verl_rows
+    from training.rl.trl_engine import engine_rollout_fn, native_bf16, prompt_rows
+
+    cfg = load_config(RLConfig, args.preset)
+    stage = next(s for s in cfg.stages if args.stage in (None, s.name))
+    base = stage.trl
+    names = [v for v in args.variants.split(",") if v]
+    if names[0] != "today" or any(v not in ORDER for v in names):
+        parser.error(f"--variants must start with today and use {ORDER}")
+    if not native_bf16():
+        names = [v for v in names if ORDER.index(v) < ORDER.index("bf16")] + [
+            v for v in names if ORDER.index(v) > ORDER.index("bf16")]
+        print("no native bf16 here (avx512_bf16/amx_bf16): bf16 variants skipped", file=sys.stderr)
+    env_before = environment(args.threads)
+    model_path = resolve_model(cfg.model)
+    tok = load_tokenizer(model_path)
+    protocol = load_protocol(cfg.protocol, top_k=stage.top_k or cfg.top_k, max_turns=stage.max_turns,
+                             template=cfg.template)
+    n_q = (args.warmup + args.steps) * base.prompts_per_step
+    questions = [q for src in cfg.data.train for q in load_benchmark(src, limit=n_q)][:n_q]
+    rows = prompt_rows(protocol, trl_rows(verl_rows(questions, default_messages())), tok)
+    searcher = open_searcher(cfg.retrieval)
+    reward = trl_reward_func(stage.reward, eos_token_id=tok.eos_token_id)
+    out = REPO / ".searchloop" / "bench_grpo_step"
+    results = []
+    for name in names:
+        tcfg = variant_config(base, name, args.lora_rank)
+        rollout = engine_rollout_fn(protocol, searcher, RolloutConfig(
+            temperature=tcfg.temperature, best_of=1, max_tokens_per_turn=tcfg.max_tokens_per_turn,
+            max_total_tokens=tcfg.max_completion_length, seed=tcfg.seed))
+        t0 = time.perf_counter()
+        results.append(run_variant(name, tcfg, model_path, rows, reward, rollout, out, args.warmup, args.steps))
+        print(f"{name}: {results[-1]['step_s']:.1f} s/step, {results[-1]['traj_per_min']:.1f} traj/min "
+              f"({time.perf_counter() - t0:.0f} s with warm-up)", file=sys.stderr, flush=True)
+    gap = bf16_gap(model_path, rows, tok) if native_bf16() else None
+    command = "PYTHONPATH=. nice -n 10 python benchmarks/grpo_step.py " + " ".join(sys.argv[1:])
+    text = report(args.preset, env_before, environment(args.threads), results, gap, command, args.warmup, args.steps)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""The TRL engine's cost switches on a tiny randomly initialised Llama (real TRL steps, a fake rollout function):
+no reference model at beta=0, the LoRA-disabled policy as the reference with LoRA, bf16 only where native, LoRA
+merged for saving, and the rollouts' answers reaching the health alarms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from training.rl.trl_engine import RolloutSample, TRLSearchConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, smol_tokenizer):
+    """A 2-layer, 32-wide Llama with SmolLM2's tokenizer, random weights, saved as an HF folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      eos_token_id=smol_tokenizer.eos_token_id, pad_token_id=smol_tokenizer.pad_token_id)
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    smol_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _rows() -> list[dict]:
+    qs = [("q1", "Which country Jakobea Of Baden's mother is from?"), ("q2", "Who directed Ed Wood?")]
+    return [{"prompt": f"Question: {q}\n", "question": q, "question_id": i, "golden_answers": ["Germany"]}
+            for i, q in qs]
+
+
+def _rollout(rows, model, tokenizer, seed=None) -> list[RolloutSample]:
+    out = []
+    for k, r in enumerate(rows):
+        ids = tokenizer(f" answer {k % 3} <answer>", add_special_tokens=False)["input_ids"]
+        out.append(RolloutSample(prompt_ids=tokenizer(r["prompt"])["input_ids"], completion_ids=ids,
+                                 loss_mask=[1] * len(ids), response=f"answer {k}", num_searches=k % 2,
+                                 finish_reason="answer", format_ok=True,
+                                 extra={"final_answer": "Jakobea Of Baden" if k % 2 else "Germany"}))
+    return out
+
+
+def _reward(prompts, completions, **kw) -> list[float]:
+    return [float(c.endswith(("1", "3"))) for c in completions]  # rollouts 0/1 share a prompt: advantages != 0
+
+
+def _trainer(tiny_model, tmp_path, callbacks=None, **over):
+    from training.rl.trl_engine import build_trainer
+
+    cfg = TRLSearchConfig(num_generations=2, prompts_per_step=2, max_steps=1, save_steps=100, learning_rate=1e-2,
+                          max_completion_length=32, **over)
+    return build_trainer(cfg, tiny_model, _rows(), [_reward], _rollout, str(tmp_path / "out"), callbacks=callbacks)
+
+
+def test_full_finetune_with_beta_keeps_a_reference_copy(tiny_model, tmp_path) -> None:
+    trainer = _trainer(tiny_model, tmp_path, beta=0.1)
+    assert trainer.ref_model is not None
+
+
+def test_beta_zero_builds_no_reference_and_logs_no_kl(tiny_model, tmp_path) -> None:
+    trainer = _trainer(tiny_model, tmp_path, beta=0.0)
+    assert trainer.ref_model is None
+    trainer.train()
+    assert not any("kl" in h for h in trainer.state.log_history)
+
+
+def test_lora_reference_is_the_adapter_disabled_policy(tiny_model, tmp_path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.rl.trl_engine import policy_for_saving
+
+    trainer = _trainer(tiny_model, tmp_path, beta=0.1, lora_rank=4)
+    assert trainer.ref_model is None, "no second model: the reference is the policy with adapters disabled"
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert logs and math.isfinite(logs[-1]["kl"])
+    assert all(torch.equal(p, base_before[n]) for n, p in trainer.model.named_parameters() if n in base_before)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        policy = trainer.model(input_ids=ids).logits
+        with trainer.model.disable_adapter():
+            ref = trainer.model(input_ids=ids).logits
+    assert not torch.allclose(policy, ref), "one step moved the adapters away from the reference"
+    merged = policy_for_saving(trainer.model)
+    merged.save_pretrained(tmp_path / "merged")
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    with torch.no_grad():
+        assert torch.allclose(reloaded(input_ids=ids).logits, policy, atol=1e-4)
+
+
+def test_bf16_only_where_native(tiny_model, tmp_path, monkeypatch) -> None:
+    from infra.errors import ConfigError
+    from training.rl import trl_engine
+
+    monkeypatch.setattr(trl_engine, "cpu_flags", lambda: {"avx2", "avx512f"})
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert not trl_engine.native_bf16()
+    with pytest.raises(ConfigError, match="avx512_bf16 or amx_bf16"):
+        _trainer(tiny_model, tmp_path, precision="bf16", beta=0.0)
+    monkeypatch.setattr(trl_engine, "cpu_flags", lambda: {"avx512_bf16"})
+    trainer = _trainer(tiny_model, tmp_path, precision="bf16", beta=0.0)
+    assert trainer.args.bf16
+    trainer.train()
+    loss = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert loss and math.isfinite(loss[-1])
+
+
+def test_rollout_answers_reach_the_health_alarms(tiny_model, tmp_path) -> None:
+    from training.rl.health import HealthConfig, health_callback
+
+    health = health_callback(HealthConfig(window=1, max_copied_share=0.2, min_answer_questions=2),
+                             log_to_mlflow=False)
+    trainer = _trainer(tiny_model, tmp_path, beta=0.0, callbacks=[health])
+    trainer.train()
+    log = [h for h in trainer.state.log_history if "search/copied_answer_rate" in h][-1]
+    # rollouts answer Germany, Jakobea Of Baden, Germany, Jakobea Of Baden: a copy only in q1's question
+    assert log["search/copied_answer_rate"] == pytest.approx(0.25)
+    assert log["search/top_answer_share"] == pytest.approx(1.0)  # both questions' majority answer is "germany"
+    assert health.series[-1]["health/copied_answer_rate"] == pytest.approx(0.25)
+    assert [a.name for a in health.alarms] == ["copied_answers", "answer_collapse"]
