@@ -48,8 +48,8 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                      help="Print the searchloop version and exit."),
+    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, metavar="",
+                                      help="Print the searchloop version and exit."),  # a flag: no <bool>
 ) -> None:
     """Train and evaluate LLM search agents (retrieval service, rollouts, EM loop, RL) as Prefect flows."""
 

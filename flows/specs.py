@@ -114,7 +114,7 @@ class FlowSpec:
 FLOWS: dict[str, FlowSpec] = {s.name: s for s in (
     FlowSpec("build-index", "flows.flow_configs:BuildIndexFlowConfig", "index_mini_bm25", _plan_build_index,
              "corpus -> shards -> index -> recall -> MLflow"),
-    FlowSpec("evaluate", "flows.flow_configs:EvaluateConfig", "eval_mini", _plan_evaluate,
+    FlowSpec("evaluate", "flows.flow_configs:EvaluateConfig", "eval_demo", _plan_evaluate,
              "search agents x benchmarks -> report -> MLflow"),
     FlowSpec("em-loop", "training.em.config:EMLoopConfig", "exsearch_cpu_demo", _plan_em_loop,
              "ExSearch EM: warm-up SFT, then sample/score/select/train/evaluate"),
