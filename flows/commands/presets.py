@@ -43,13 +43,13 @@ def presets(
     for p in rows:
         head = f"{p.name:<{width}}  {', '.join(p.flows) or '(invalid)':<{flow_width}}"
         if room >= 30:  # the whole description, wrapped in its column
-            lines = textwrap.wrap(p.description, room) or [""]
+            lines = textwrap.wrap(p.description, room, break_on_hyphens=False) or [""]
             console.print(f"{head}  {lines[0]}", markup=False)
             for line in lines[1:]:
                 console.print(f"{'':<{width + flow_width + 4}}{line}", markup=False)
         else:  # a narrow terminal: the description below, indented
             console.print(head.rstrip(), markup=False)
-            for line in textwrap.wrap(p.description, max(20, console.width - 5)):
+            for line in textwrap.wrap(p.description, max(20, console.width - 5), break_on_hyphens=False):
                 console.print(f"    {line}", markup=False)
 
 

@@ -18,15 +18,37 @@ def test_version_and_presets_list_every_file_with_its_flow() -> None:
     assert out.exit_code == 0 and out.output.startswith("searchloop ")
     out = CliRunner().invoke(app, ["presets"], terminal_width=250)
     assert out.exit_code == 0, out.output
-    lines = {line.split()[0]: line.split()[1] for line in out.output.splitlines()[1:] if line.strip()}
+    lines = {line.split()[0]: line.split()[1] for line in out.output.splitlines()[1:] if line[:1].strip()}
     assert set(lines) == {p.stem for p in PRESET_DIR.glob("*.yaml")}
     assert lines["index_mini_dense"] == "build-index" and lines["eval_mini"] == "evaluate"
     assert lines["exsearch_cpu_demo"] == "em-loop" and lines["research_grpo"] == "rl-finetune"
     assert "(invalid)" not in out.output
     assert "Dense all-MiniLM-L6-v2" in out.output  # the description comes from the YAML's leading comment
     out = CliRunner().invoke(app, ["presets", "--flow", "em-loop"], terminal_width=250)
-    rows = [line.split() for line in out.output.splitlines()[1:]]
+    rows = [line.split() for line in out.output.splitlines()[1:] if line[:1].strip()]
     assert {r[0] for r in rows} >= {"exsearch_cpu_demo", "exsearch_paper"} and {r[1] for r in rows} == {"em-loop"}
+
+
+def test_80_columns_presets_whole_descriptions_status_paths_version_flag(monkeypatch, tmp_path) -> None:
+    from flows.specs import list_presets
+    from infra import stack
+
+    out = CliRunner().invoke(app, ["presets"], terminal_width=80)
+    assert out.exit_code == 0 and max(len(line) for line in out.output.splitlines()) <= 80
+    text = " ".join(out.output.split())
+    for p in list_presets():  # never cut: every description whole (wrapped)
+        assert " ".join(p.description.split()) in text, p.name
+    assert "…" not in out.output
+    out = CliRunner().invoke(app, ["--help"], terminal_width=80)
+    assert "--version" in out.output and not [line for line in out.output.splitlines()
+                                              if "--version" in line and "<bool>" in line]
+    logs = [f"{tmp_path}/{'a-long-folder-name-' * 4}/run/{n}.log" for n in ("prefect-server", "worker-cpu")]
+    monkeypatch.setattr(stack, "status", lambda cfg: [{"name": f"svc{i}", "pid": 1, "running": True,
+                                                      "healthy": True, "url": None, "log": log}
+                                                     for i, log in enumerate(logs)])
+    monkeypatch.setattr(stack, "live_state", lambda home=None, timeout=0.5: None)
+    out = CliRunner().invoke(app, ["status"], terminal_width=80)
+    assert out.exit_code == 0 and all(log in out.output for log in logs)  # whole paths, copyable
 
 
 def test_every_user_flow_takes_a_preset_from_a_list_and_overrides() -> None:
