@@ -115,9 +115,8 @@ def test_server_4xx_is_one_error_line(monkeypatch) -> None:
     response = httpx.Response(409, request=request, json={"detail": "Error creating flow run: Validation failed "
                                                                     "for field 'config'. Failure reason: 'nme' "
                                                                     "was unexpected"})
-    with pytest.raises(SearchloopError, match=r"refused the request \(409 Conflict\): Error creating flow run.*'nme'"):
-        with _server_errors():
-            raise httpx.HTTPStatusError("409", request=request, response=response)
-    with pytest.raises(httpx.HTTPStatusError):  # a server fault is not the user's input: it propagates
-        with _server_errors():
-            raise httpx.HTTPStatusError("500", request=request, response=httpx.Response(500, request=request))
+    with pytest.raises(SearchloopError, match=r"refused the request \(409 Conflict\): .*'nme'"), \
+            _server_errors():
+        raise httpx.HTTPStatusError("409", request=request, response=response)
+    with pytest.raises(httpx.HTTPStatusError), _server_errors():  # a server fault is not the user's input
+        raise httpx.HTTPStatusError("500", request=request, response=httpx.Response(500, request=request))
