@@ -194,3 +194,31 @@ def test_em_loop_table_renders_typed_iteration_results() -> None:
     console.print(history_table(rows))
     text = console.export_text()
     assert "0.1250" in text and "[0.0000, 0.5000]" in text and "yes" in text
+
+
+def test_models_uri_checked_when_the_config_loads_and_readme_example_is_what_the_demo_registers(tmp_path) -> None:
+    import re
+
+    import mlflow
+
+    from flows.specs import resolve
+    from infra.config import load_config
+    from infra.errors import ConfigError
+    from infra.settings import REPO_ROOT
+    from infra.tracking import configure
+    from training.em.config import EMLoopConfig
+
+    demo_name = load_config(EMLoopConfig, "exsearch_cpu_demo").registered_model
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert set(re.findall(r"models:/([\w.-]+)@champion", readme)) == {demo_name}  # the CPU demo registers it
+    configure("models-uri-check")
+    client = mlflow.MlflowClient()
+    client.create_registered_model(demo_name)
+    version = client.create_model_version(demo_name, str(tmp_path), run_id=None).version
+    client.set_registered_model_alias(demo_name, "champion", version)
+    resolve("evaluate", "eval_demo", [f"agent.generator.model=models:/{demo_name}@champion"])  # known: passes
+    with pytest.raises(ConfigError, match=rf"agent.generator.model: models:/exsearch-em: no registered model "
+                                          rf"'exsearch-em' .*did you mean models:/{demo_name}@champion"):
+        resolve("evaluate", "eval_demo", ["agent.generator.model=models:/exsearch-em@champion"])
+    with pytest.raises(ConfigError, match=r"no alias 'best' .*its aliases: @champion \(v1\)"):
+        resolve("evaluate", "eval_demo", [f"agent.generator.model=models:/{demo_name}@best"])
