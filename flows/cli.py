@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     from infra.settings import apply_embedded_environment
 
     apply_embedded_environment()
+    import logging
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # its DEBUG lines reach the console through Prefect's root
     fix_mmap_threshold()  # long training runs otherwise grow glibc's heap without bound (infra/memory.py)
     progress.register_sink(progress.TerminalSink(), min_interval_s=0.5)
     try:
