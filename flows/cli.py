@@ -48,8 +48,8 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                      help="Print the searchloop version and exit."),
+    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, metavar="",
+                                      help="Print the searchloop version and exit."),  # a flag: no <bool>
 ) -> None:
     """Train and evaluate LLM search agents (retrieval service, rollouts, EM loop, RL) as Prefect flows."""
 
@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     from infra.settings import apply_embedded_environment
 
     apply_embedded_environment()
+    import logging
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # its DEBUG lines reach the console through Prefect's root
     fix_mmap_threshold()  # long training runs otherwise grow glibc's heap without bound (infra/memory.py)
     progress.register_sink(progress.TerminalSink(), min_interval_s=0.5)
     try:

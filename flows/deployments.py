@@ -16,6 +16,7 @@ This lives in ``flows/`` rather than ``infra/`` because library code never impor
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import pkgutil
 import time
@@ -106,6 +107,46 @@ def default_parameters(flow: Flow) -> dict[str, Any]:
             if isinstance(p.default, BaseModel)}
 
 
+def check_parameters(flow_name: str, overrides: list[str], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Parameters of a run of a flow without presets (``retrain``): ``defaults`` (the flow's own when None) with the
+    ``param.sub=value`` overrides merged in, each config-model parameter validated here, before any server is
+    contacted. Returns the parameters.
+
+    Raises:
+        ConfigError: an unknown flow, parameter or key (with the closest known name), or an invalid value.
+    """
+    import inspect
+
+    from pydantic import BaseModel
+
+    from infra.config import apply_overrides, build_config
+    from infra.lazy import unknown_name
+
+    found = discover_flows()
+    if flow_name not in found:
+        raise ConfigError(unknown_name("flow", flow_name, sorted(found)))
+    flow = found[flow_name][0]
+    models = {name: type(p.default) for name, p in inspect.signature(flow.fn).parameters.items()
+              if isinstance(p.default, BaseModel)}
+    params = apply_overrides(default_parameters(flow) if defaults is None else defaults, overrides)
+    problems = []
+    for key in params:
+        if key not in models:
+            close = [f"{m}.{c}" for m, model in models.items()
+                     for c in difflib.get_close_matches(key, list(model.model_fields), n=1)]
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"{flow_name}: unknown parameter {key!r}{hint}; its parameters: {', '.join(models)}, "
+                            f"set as {next(iter(models), 'config')}.<key>=value")
+    for name, model in models.items():
+        try:
+            build_config(model, params.get(name) or {}, f"{flow_name} {name}")
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return params
+
+
 def run_parameters(flow_name: str, preset: str | None, overrides: list[str],
                    defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """Parameters of one run: ``preset`` + ``overrides`` (checked here first, as the CLI does) for the user flows;
@@ -116,14 +157,13 @@ def run_parameters(flow_name: str, preset: str | None, overrides: list[str],
         ConfigError: an unknown preset, a bad override or input path, or ``--preset`` for a flow without presets.
     """
     from flows.specs import FLOWS, refuse_secret_overrides, resolve
-    from infra.config import apply_overrides
 
     spec = FLOWS.get(flow_name)
     if spec is None:
         if preset is not None:
             raise ConfigError(f"flow {flow_name!r} takes no preset; pass its parameters as key=value "
                               "(e.g. config.name=nightly)")
-        return apply_overrides(defaults or {}, overrides)
+        return check_parameters(flow_name, overrides, defaults or {})
     resolve(flow_name, preset, overrides)
     refuse_secret_overrides(overrides)
     return {"preset": preset or spec.default_preset, "overrides": list(overrides)}

@@ -17,6 +17,13 @@ from tasks.evaluation import evaluate_dataset_task, log_evaluation_task, summari
 __all__ = ["DEFAULT_DATASETS", "EvaluateConfig", "EvaluateResult", "evaluate"]
 EvalPreset = preset_choice("evaluate")
 
+def _in_deployment() -> bool:
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return bool(ctx and ctx.flow_run and ctx.flow_run.deployment_id)
+
+
 class EvaluateResult(BaseModel):
     """What the flow returns: the MLflow run, the report directory and the table."""
 
@@ -27,7 +34,7 @@ class EvaluateResult(BaseModel):
 
 
 @flow(name="evaluate", log_prints=True)
-def evaluate(preset: EvalPreset = "eval_mini", overrides: Overrides = ()) -> EvaluateResult:  # type: ignore[valid-type]
+def evaluate(preset: EvalPreset = "eval_demo", overrides: Overrides = ()) -> EvaluateResult:  # type: ignore[valid-type]
     """Evaluate each protocol on each dataset; log per-dataset metrics, predictions and a report to MLflow.
 
     Args:
@@ -52,6 +59,7 @@ def evaluate(preset: EvalPreset = "eval_mini", overrides: Overrides = ()) -> Eva
                    "mlflow_run": run.info.run_id}
         summary = summarize_task(refs, protos, f"{out}/report", "searchloop agent evaluation", details)
         log_evaluation_task(run.info.run_id, summary, refs, config.traces)
-    print(summary.markdown)
+    if _in_deployment():  # the CLI prints the table itself; a deployment run shows it in its log
+        print(summary.markdown)
     return EvaluateResult(run_id=run.info.run_id, report_dir=summary.uri, table=summary.table,
                           markdown=summary.markdown)

@@ -6,8 +6,11 @@ it, encoding only new/changed passages and reusing every unchanged vector (faiss
 place, HNSW/IVF-PQ rebuilt from the stored vectors, BM25 rebuilt: its statistics are corpus-wide); with
 ``refresh: full`` or no previous index, a full build (``retrieval.index``; a dense build resumes from finished
 shards) -> recall of candidate vs incumbent (the live retriever when
-``retriever_url`` is set, else the previous champion index) -> promotion gate -> (hook) retrain the model from the
-current ``champion`` -> one MLflow run + a markdown artifact on the flow run saying why -> commit the corpus state
+``retriever_url`` is set, else the previous champion index) -> promotion gate -> retrain the model: by default
+``rl-finetune`` on the cheap preset (``searchr1_learn_demo``: 2 GRPO steps) started from the registered
+``@champion``, the trained policy compared with the champion on the preset's held-out questions (paired bootstrap),
+``@champion`` moved only when the paired interval of ``promote_on`` lies above 0 -> one MLflow run + a markdown
+artifact on the flow run saying why -> commit the corpus state
 (last: if anything before fails, e.g. MLflow is down, the next run redoes only what has no manifest).
 
 Deploy it on a schedule with ``searchloop deploy register`` (interval from ``RetrainConfig``), or run it once with
@@ -16,7 +19,7 @@ Deploy it on a schedule with ``searchloop deploy register`` (interval from ``Ret
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from pydantic import Field
@@ -61,9 +64,15 @@ class RetrainConfig(StrictModel):
     min_delta: float = Field(default=-0.02, description="Gate: candidate >= incumbent + min_delta to promote.")
     retriever_url: str | None = Field(default=None, description="Live retriever serving the incumbent index.")
     trainer: Literal["none", "em-loop", "rl-finetune"] = Field(
-        default="none", description="Model retraining hook run after an index change ('none' skips it)."
+        default="rl-finetune", description="Model retraining run after an index change: rl-finetune (default: a "
+        "short GRPO stage from the champion, then the champion-vs-candidate held-out comparison), em-loop (its own "
+        "champion gate) or none."
     )
-    preset: str | None = Field(default=None, description="Preset passed to the trainer flow (its default if None).")
+    preset: str | None = Field(default="searchr1_learn_demo", description="Preset of the trainer flow (None: its "
+                               "default). The default is the cheap one: 2 GRPO steps, 24 held-out questions.")
+    promote_on: Literal["reward", "f1", "em", "cover_em", "format_ok"] = Field(
+        default="reward", description="Held-out field whose paired interval (candidate - "
+                            "champion) must lie above 0 to move @champion: reward, f1, em, cover_em, format_ok.")
     trainer_overrides: list[str] = Field(
         default_factory=list, description="Extra key=value overrides for the trainer flow (e.g. base_model=...)."
     )
@@ -88,7 +97,13 @@ def _state_dir(cfg: RetrainConfig) -> str:
 
 
 def _model_hook(cfg: RetrainConfig) -> str:
-    """Run the trainer flow as a subflow (it owns its champion gate); return a one-line note for the record."""
+    """Run the trainer flow as a subflow; return a one-line note for the record.
+
+    ``rl-finetune``: train from the registered ``@champion`` (the preset's model while there is none, warm-up SFT
+    then included), compare the trained policy with the one it started from on the preset's held-out questions
+    (paired bootstrap), and move ``@champion`` to the new version only when the paired interval of
+    ``promote_on`` lies above 0. ``em-loop`` owns its champion gate.
+    """
     if cfg.trainer == "none":
         return "model retraining skipped (trainer=none)"
     module_name, fn_name, corpus_override = TRAINERS[cfg.trainer]
@@ -97,10 +112,35 @@ def _model_hook(cfg: RetrainConfig) -> str:
     except ConfigError:
         return f"model retraining skipped: {module_name}.{fn_name} is not available in this build"
     overrides = ([corpus_override.format(corpus=cfg.corpus)] if corpus_override else []) + cfg.trainer_overrides
-    result = trainer(overrides=overrides, **({"preset": cfg.preset} if cfg.preset else {}))
+    preset = {"preset": cfg.preset} if cfg.preset else {}
+    if cfg.trainer == "rl-finetune":
+        return _rl_retrain(cfg, trainer, overrides, preset)
+    result = trainer(overrides=overrides, **preset)
     stages = result if isinstance(result, list) else [result]
     moved = any(bool(getattr(r, "promoted", False)) for r in stages)
     return f"{cfg.trainer} retrained on the new corpus ({len(stages)} stage(s)); champion moved: {moved}"
+
+
+def _rl_retrain(cfg: RetrainConfig, trainer: Any, overrides: list[str], preset: dict[str, str]) -> str:
+    from flows.specs import resolve
+    from infra import tracking
+
+    rl_cfg = resolve("rl-finetune", cfg.preset, overrides)
+    name = f"searchloop-{rl_cfg.name}"  # type: ignore[attr-defined]  # where rl-finetune registers its policy
+    champion = tracking.get_alias(name, "champion")
+    start = [f"model=models:/{name}@champion", "init.warmup=null"] if champion is not None else []
+    result = trainer(overrides=[*overrides, *start, "eval.compare_start=true", "register_model=true"], **preset)
+    if result.registered is None or result.learning is None:
+        return "rl-finetune ran but registered no version or held-out comparison: champion unchanged"
+    field = cfg.promote_on
+    version = result.registered.version
+    against = f"champion v{champion.version}" if champion is not None else "the preset's start model"
+    if result.learning.improved.get(field, False):
+        tracking.set_alias(result.registered.name, "champion", version)
+        return (f"rl-finetune: {result.registered.name} v{version} promoted to @champion: held-out {field} paired "
+                f"interval vs {against} is above 0 ({result.learning.n} questions)")
+    return (f"rl-finetune: {result.registered.name} v{version} registered, not promoted: held-out {field} paired "
+            f"interval vs {against} includes 0 or is below ({result.learning.n} questions); @champion unchanged")
 
 
 def _incumbent(cfg: RetrainConfig, previous_index: str | None) -> RecallReport | None:

@@ -114,7 +114,7 @@ class FlowSpec:
 FLOWS: dict[str, FlowSpec] = {s.name: s for s in (
     FlowSpec("build-index", "flows.flow_configs:BuildIndexFlowConfig", "index_mini_bm25", _plan_build_index,
              "corpus -> shards -> index -> recall -> MLflow"),
-    FlowSpec("evaluate", "flows.flow_configs:EvaluateConfig", "eval_mini", _plan_evaluate,
+    FlowSpec("evaluate", "flows.flow_configs:EvaluateConfig", "eval_demo", _plan_evaluate,
              "search agents x benchmarks -> report -> MLflow"),
     FlowSpec("em-loop", "training.em.config:EMLoopConfig", "exsearch_cpu_demo", _plan_em_loop,
              "ExSearch EM: warm-up SFT, then sample/score/select/train/evaluate"),
@@ -271,11 +271,18 @@ def _check_path(key: str, leaf: str, value: str) -> str | None:
 
 
 def check_inputs(cfg: StrictModel) -> list[str]:
-    """Every input path of ``cfg`` (corpora, question files, benchmarks, index dirs) that cannot be read."""
+    """Every input path of ``cfg`` (corpora, question files, benchmarks, index dirs) that cannot be read, and every
+    ``models:/`` reference the registry does not hold."""
     problems = []
     for key, leaf, value in _walk(cfg.model_dump(mode="json"), ""):
         if leaf in FILE_KEYS | DIR_KEYS:
             problems += [p for v in _strings(value) if (p := _check_path(key, leaf, v))]
+        for v in _strings(value):
+            if v.startswith("models:/"):  # registered model: name and alias checked now, not 10 s into a run
+                from infra.registry import check_model_uri
+
+                problem = check_model_uri(v)
+                problems += [f"{key}: {problem}"] if problem else []
     return problems
 
 

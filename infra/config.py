@@ -6,6 +6,7 @@ Validation collects every error and reports them together, each with the file an
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import types
@@ -110,6 +111,10 @@ def resolve_preset(name_or_path: str | Path) -> Path:
     if candidate.exists():
         return candidate
     names = sorted(x.stem for x in PRESET_DIR.glob("*.yaml"))
+    close = difflib.get_close_matches(str(name_or_path), names, n=3)
+    if close:
+        raise ConfigError(f"preset {str(name_or_path)!r} not found (did you mean {' or '.join(map(repr, close))}?); "
+                          "`searchloop presets` lists them all")
     raise ConfigError(f"preset {str(name_or_path)!r} not found; available presets: {', '.join(names)}")
 
 
@@ -124,14 +129,27 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """Render every pydantic error as ``source: key.path: message`` lines."""
+def close_key(model: type[BaseModel] | None, loc: Iterable[Any]) -> str | None:
+    """The field of ``model``'s section at ``loc[:-1]`` whose name is closest to the unknown key ``loc[-1]``."""
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    section = _section_model(model, parts[:-1]) if model is not None and parts else None
+    if section is None:
+        return None
+    close = difflib.get_close_matches(parts[-1], list(section.model_fields), n=1)
+    return ".".join([*parts[:-1], close[0]]) if close else None
+
+
+def format_validation_error(exc: ValidationError, source: str, model: type[BaseModel] | None = None) -> str:
+    """Render every pydantic error as ``source: key.path: message`` lines (an unknown key with the closest known
+    key of ``model`` as a "did you mean")."""
     lines = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check spelling; see the preset files in flows/configs)"
+            close = close_key(model, err["loc"])
+            hint = f"did you mean {close!r}? " if close else "check spelling; "
+            msg = f"unknown key ({hint}see the preset files in flows/configs)"
         lines.append(f"{source}: {key}: {msg} (got {err.get('input')!r})"[:400])
     return problem_list(lines, "configuration error")
 
@@ -148,7 +166,7 @@ def build_config(model: type[M], data: Mapping[str, Any], source: str = "<config
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from exc
+        raise ConfigError(format_validation_error(exc, source, model)) from exc
 
 
 def load_config(model: type[M], preset: str | Path | None = None, overrides: Iterable[str] = ()) -> M:

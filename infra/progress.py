@@ -57,13 +57,27 @@ class ProgressEvent(BaseModel):
         return None if not self.total else min(1.0, self.done / self.total)
 
     def describe(self) -> str:
-        """``embedding: 3/10 shard (30%) 0.52 shard/s ETA 13s``."""
-        total = f"/{self.total:g}" if self.total is not None else ""
+        """``embedding: 3/10 shard (30%) 0.52 shard/s ETA 13s`` (whole numbers whole: 1048576, not 1.04858e+06)."""
+        total = f"/{format_count(self.total)}" if self.total is not None else ""
         pct = f" ({100 * self.fraction:.0f}%)" if self.fraction is not None else ""
-        rate = f" {self.rate:.3g} {self.unit}/s" if self.rate is not None else ""
+        rate = f" {format_rate(self.rate)} {self.unit}/s" if self.rate is not None else ""
         eta = f" ETA {format_seconds(self.eta_s)}" if self.eta_s is not None and not self.finished else ""
         end = f" done in {format_seconds(self.elapsed_s)}" if self.finished else ""
-        return f"{self.name}: {self.done:g}{total} {self.unit}{pct}{rate}{eta}{end}"
+        return f"{self.name}: {format_count(self.done)}{total} {self.unit}{pct}{rate}{eta}{end}"
+
+    def at(self, now_elapsed_s: float) -> ProgressEvent:
+        """The same state seen ``now_elapsed_s`` after the loop started (a timer line between updates)."""
+        return self.model_copy(update={"elapsed_s": max(self.elapsed_s, now_elapsed_s)})
+
+
+def format_rate(x: float) -> str:
+    """``886012.3`` -> ``886012``, ``0.5234`` -> ``0.523`` (no exponent)."""
+    return str(int(round(x))) if x >= 100 else f"{x:.3g}"
+
+
+def format_count(x: float) -> str:
+    """``3.0`` -> ``3``, ``1048576.0`` -> ``1048576``, ``2.5`` -> ``2.5``."""
+    return str(int(x)) if float(x).is_integer() else f"{x:.4g}"
 
 
 def format_seconds(seconds: float) -> str:
@@ -144,42 +158,81 @@ def track(name: str, total: float | None = None, unit: str = "item") -> Iterator
 
 
 class TerminalSink:
-    """Progress in the terminal (stderr): a rich bar per loop on a TTY, else a line every ``line_interval_s``."""
+    """Progress in the terminal (stderr): a rich bar per loop on a TTY, else a line per running loop every
+    ``line_interval_s`` from a timer, whether or not a new update came (a long step still shows it is alive, with
+    its elapsed time); a loop with no work done yet gets no line, and a loop that ends before its first timer line
+    prints nothing (a per-question loop does not print 2 lines per question)."""
 
-    def __init__(self, console: object | None = None, line_interval_s: float = 10.0) -> None:
+    def __init__(self, console: object | None = None, line_interval_s: float = 30.0) -> None:
         from rich.console import Console
 
         self.console = console or Console(stderr=True)
         self.line_interval_s = line_interval_s
         self._progress = None
         self._tasks: dict[str, object] = {}
-        self._lines: dict[str, float] = {}
+        self._live: dict[str, tuple[ProgressEvent, float]] = {}  # key -> (latest event, monotonic start)
+        self._printed: set[str] = set()
+        self._lock = threading.Lock()
+        self._timer: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def __call__(self, event: ProgressEvent) -> None:
         if getattr(self.console, "is_terminal", False):
             self._bar(event)
             return
-        last = self._lines.get(event.key)
-        if event.finished or last is None or event.elapsed_s - last >= self.line_interval_s:
-            self._lines[event.key] = event.elapsed_s
-            self.console.print(f"[dim]progress[/] {event.describe()}", highlight=False)  # type: ignore[attr-defined]
-        if event.finished:
-            self._lines.pop(event.key, None)
+        with self._lock:
+            if event.finished:
+                self._live.pop(event.key, None)
+                if event.key in self._printed and event.done > 0:
+                    self._printed.discard(event.key)
+                    self._line(event)
+                return
+            self._live[event.key] = (event, time.monotonic() - event.elapsed_s)
+        self._ensure_timer()
+
+    def _line(self, event: ProgressEvent) -> None:
+        self.console.print(f"[dim]progress[/] {event.describe()}", highlight=False)  # type: ignore[attr-defined]
+
+    def tick(self) -> None:
+        """Print one line per running loop that has done some work (the timer calls this)."""
+        now = time.monotonic()
+        with self._lock:
+            for key, (event, start) in list(self._live.items()):
+                if event.done > 0:
+                    self._printed.add(key)
+                    self._line(event.at(now - start))
+
+    def _ensure_timer(self) -> None:
+        if self._timer is not None and self._timer.is_alive():
+            return
+
+        def run() -> None:
+            while not self._stop.wait(self.line_interval_s):
+                with self._lock:
+                    idle = not self._live
+                if idle:
+                    break
+                self.tick()
+
+        self._timer = threading.Thread(target=run, name="progress-lines", daemon=True)
+        self._timer.start()
 
     def _bar(self, event: ProgressEvent) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-        if self._progress is None:
+        if self._progress is None:  # ETA from our own rate since the start: rich's windowed estimate shows
+            # -:--:-- whenever updates come less often than its 30 s window (held-out rollouts, training steps)
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                                      TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[eta]}"),
                                       console=self.console, transient=False)
             self._progress.start()
-        rate = f"{event.rate:.3g} {event.unit}/s" if event.rate else ""
+        rate = f"{format_rate(event.rate)} {event.unit}/s" if event.rate else ""
+        eta = f"ETA {format_seconds(event.eta_s)}" if event.eta_s is not None else ""
         task = self._tasks.get(event.key)
         if task is None:
-            task = self._progress.add_task(event.name, total=event.total, rate=rate)
+            task = self._progress.add_task(event.name, total=event.total, rate=rate, eta=eta)
             self._tasks[event.key] = task
-        self._progress.update(task, completed=event.done, total=event.total, rate=rate)
+        self._progress.update(task, completed=event.done, total=event.total, rate=rate, eta=eta)
         if event.finished:
             self._progress.stop_task(task)
             self._tasks.pop(event.key, None)

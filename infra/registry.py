@@ -3,7 +3,10 @@
 A checkpoint is logged as an MLflow pyfunc model whose artifact ``hf_model`` is the whole HF folder (config,
 tokenizer, weights), so a registered version is portable: ``models:/<name>@champion`` or ``models:/<name>/<v>``
 downloads to the model cache on any machine that reaches the tracking server and its artifact store. The pyfunc
-flavour also serves text generation (``mlflow.pyfunc.load_model(uri).predict(["question"])``) with transformers.
+flavour also serves text generation with transformers: ``mlflow.pyfunc.load_model(uri).predict(["Who wrote
+Hamlet?"])`` returns one string per input, the model's answer to it as a user turn of its chat template (the new
+text only, stripped; greedy, 128 new tokens). It is the bare model, not the search agent: no retrieval happens
+(``searchloop ask`` / ``searchloop eval`` with ``agent.generator.model=models:/...`` run the agent).
 
 :func:`download_model` resolves the alias to a version first and caches per version under
 ``<model_cache>/registry/<name>-v<version>``; a version registered before this module existed (its source a
@@ -53,7 +56,13 @@ def _python_model() -> Any:
     import mlflow.pyfunc
 
     class HFCheckpoint(mlflow.pyfunc.PythonModel):
-        """Text generation with the logged HF folder (greedy, 128 new tokens unless params say otherwise)."""
+        """Text generation with the logged HF folder: one string in, the model's answer (new text only) out.
+
+        Each input string is one user turn: when the tokenizer has a chat template it is rendered as
+        ``[{"role": "user", "content": text}]`` with the generation prompt (an instruct model given bare text may
+        answer nothing at all). Greedy, 128 new tokens (the model is logged without a params schema, so MLflow
+        ignores ``params``).
+        """
 
         def load_context(self, context: Any) -> None:
             from transformers import pipeline
@@ -61,9 +70,14 @@ def _python_model() -> Any:
             self.pipe = pipeline("text-generation", model=context.artifacts[HF_ARTIFACT])
 
         def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN202 - MLflow reads hints
-            prompts = list(model_input.iloc[:, 0]) if hasattr(model_input, "iloc") else list(model_input)
+            prompts = [str(p) for p in (list(model_input.iloc[:, 0]) if hasattr(model_input, "iloc")
+                                        else list(model_input))]
             kw = {"max_new_tokens": 128, "do_sample": False, "return_full_text": False, **(params or {})}
-            return [out[0]["generated_text"] for out in self.pipe(prompts, **kw)]
+            tok = self.pipe.tokenizer
+            if getattr(tok, "chat_template", None):
+                prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                   add_generation_prompt=True) for p in prompts]
+            return [out[0]["generated_text"].strip() for out in self.pipe(prompts, **kw)]
 
     return HFCheckpoint()
 
@@ -137,6 +151,47 @@ def _version(name: str, alias: str | None, version: str | None) -> Any:
         which = f"alias {alias!r}" if alias else f"version {version}"
         raise ConfigError(f"models:/{name}: no {which} in the registry at {mlflow.get_tracking_uri()} ({exc}); "
                           "check the name/alias, or point MLFLOW_TRACKING_URI at the registry that holds it") from exc
+
+
+def check_model_uri(uri: str) -> str | None:
+    """The problem with a ``models:/`` reference, or None when the registry has that name and alias (or version).
+
+    Called when a config loads (``flows.specs.check_inputs``), so a wrong name is one line before anything runs;
+    the message names the registry, suggests the closest registered name and lists the aliases a name has.
+    """
+    import difflib
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from infra.tracking import configure
+
+    match = _URI.match(uri)
+    if match is None:
+        return f"{uri!r} is not a model URI; use models:/<name>@<alias> or models:/<name>/<version>"
+    configure()
+    client = mlflow.MlflowClient()
+    where = mlflow.get_tracking_uri()
+    name = match["name"]
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException:
+        names = sorted(m.name for m in client.search_registered_models(max_results=1000))
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+        hint = f" (did you mean models:/{close[0]}@champion?)" if close else ""
+        known = f"registered: {', '.join(names)}" if names else "it has none yet (a training flow registers one)"
+        return f"models:/{name}: no registered model {name!r} in the registry at {where}{hint}; {known}"
+    if match["alias"]:
+        aliases = dict(getattr(model, "aliases", None) or {})
+        if match["alias"] not in aliases:
+            have = ", ".join(f"@{a} (v{v})" for a, v in sorted(aliases.items())) or "none"
+            return f"models:/{name}: no alias {match['alias']!r} in the registry at {where}; its aliases: {have}"
+        return None
+    try:
+        client.get_model_version(name, match["version"])
+    except MlflowException:
+        return f"models:/{name}: no version {match['version']} in the registry at {where}"
+    return None
 
 
 def _hf_folder(model_dir: Path) -> Path | None:

@@ -1,7 +1,8 @@
 """Prefect side of ``infra.progress``: each tracked loop inside a flow or task run is one progress artifact
 (``create_progress_artifact`` then ``update_progress_artifact``) whose description carries counts, rate and ETA.
 
-Artifacts are keyed ``progress-<loop name>`` (so the UI's Artifacts page keeps a history per loop). Outside a
+Artifacts are keyed ``progress-<loop name>-<task run name>`` (one key per loop per task run: two datasets' loops of
+the same name stay apart). Outside a
 Prefect run the sink does nothing. Updates are throttled to one per ``MIN_INTERVAL_S`` per loop (plus the last).
 """
 
@@ -24,9 +25,20 @@ def _in_prefect_run() -> bool:
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 
 
-def artifact_key(name: str) -> str:
-    """``rollouts exsearch`` -> ``progress-rollouts-exsearch`` (Prefect keys: lowercase letters, digits, dashes)."""
-    return ("progress-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))[:60]
+def artifact_key(name: str, run_name: str | None = None) -> str:
+    """``rollouts exsearch`` in task run ``evaluate-dataset-1f3`` -> ``progress-rollouts-exsearch-evaluate-dataset-1f3``
+    (Prefect keys: lowercase letters, digits, dashes). The task run's name keeps two datasets' loops of the same
+    name (two ``evaluate-dataset`` runs, each with ``rollouts exsearch (1 trajectories)``) on separate artifacts."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40].strip("-")
+    run = re.sub(r"[^a-z0-9]+", "-", run_name.lower()).strip("-") if run_name else ""
+    return "-".join(p for p in ("progress", slug, run) if p)[:100].strip("-")
+
+
+def _run_name() -> str | None:
+    from prefect.context import TaskRunContext
+
+    ctx = TaskRunContext.get()
+    return ctx.task_run.name if ctx is not None and ctx.task_run is not None else None
 
 
 def prefect_sink(event: progress.ProgressEvent) -> None:
@@ -39,7 +51,7 @@ def prefect_sink(event: progress.ProgressEvent) -> None:
     with _LOCK:
         artifact_id = _ARTIFACTS.get(event.key)
         if artifact_id is None:
-            _ARTIFACTS[event.key] = create_progress_artifact(progress=pct, key=artifact_key(event.name),
+            _ARTIFACTS[event.key] = create_progress_artifact(progress=pct, key=artifact_key(event.name, _run_name()),
                                                              description=event.describe())
         else:
             update_progress_artifact(artifact_id, progress=pct, description=event.describe())

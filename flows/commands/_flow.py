@@ -70,11 +70,11 @@ def prepare(flow: str, preset: str | None, overrides: list[str] | None, dry_run:
     from flows.specs import refuse_secret_overrides, resolve
 
     refuse_secret_overrides(overrides or [])
+    use_stack(quiet=dry_run)  # before the check: a models:/ reference is looked up in the registry runs will use
     cfg = resolve(flow, preset, overrides or [])
     if dry_run:
         print_plan(flow, cfg, preset)
         return None
-    use_stack()
     from infra.settings import apply_embedded_environment
 
     apply_embedded_environment()

@@ -43,4 +43,5 @@ def register(app: typer.Typer) -> None:
     """Add ``demo`` to the root app."""
     app.command("demo")(flow_command(
         "demo", "run_agent=false", _run,
-        "Build BM25 + dense indexes over the mini corpus, serve one, evaluate recall and the SmolLM2 agent."))
+        "Build a BM25 index over the mini corpus (index_presets adds dense, ...), serve it, evaluate recall, the "
+        "SmolLM2 agent and a short training stage (preset demo)."))

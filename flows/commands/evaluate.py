@@ -22,4 +22,6 @@ def register(app: typer.Typer) -> None:
     """Add ``eval`` to the root app."""
     app.command("eval")(flow_command(
         "evaluate", "agent.limit=5", _run,
-        "Evaluate search agents on benchmarks (one retried task per protocol x dataset) and print the table."))
+        "Evaluate search agents on benchmarks (one retried task per protocol x dataset) and print the table. "
+        "Default preset eval_demo (one protocol, 2 x 2 questions, about a minute); --preset eval_mini is every "
+        "protocol on all 200 mini questions (about 20 minutes on 2 cores)."))

@@ -18,9 +18,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flows.specs import FLOWS
 from infra.errors import ConfigError, SearchloopError
 
 console = Console()
+FLOW_NAMES = (*FLOWS, "retrain")  # the user flows (presets) and the scheduled one (key=value parameters)
 
 
 def _parse_schedules(items: list[str]) -> dict[str, float | str]:
@@ -67,6 +69,26 @@ def _prefect_api(url: str):
         yield
 
 
+@contextmanager
+def _server_errors():
+    """A 4xx answer of the Prefect server (e.g. 409: a parameter the deployment's schema rejects) as one
+    ``error:`` line (exit 2) instead of a traceback; 5xx and other failures propagate."""
+    import httpx
+
+    try:
+        yield
+    except httpx.HTTPStatusError as exc:
+        code = exc.response.status_code
+        if not 400 <= code < 500:
+            raise
+        try:
+            detail = exc.response.json().get("detail", exc.response.text)
+        except ValueError:
+            detail = exc.response.text
+        raise SearchloopError(f"the Prefect server refused the request ({code} {exc.response.reason_phrase}): "
+                              f"{' '.join(str(detail).split())[:400]}") from exc
+
+
 def _register(schedules: dict[str, float | str]) -> dict[str, str]:
     from flows import deployments
 
@@ -109,8 +131,14 @@ def register(app: typer.Typer) -> None:
             os.environ["PREFECT_API_URL"] = cfg.prefect_api_url
             for key, dep_id in _register(_parse_schedules(schedule)).items():
                 console.print(f"deployment {key} ({dep_id})")
+        if "worker-gpu" not in timings:
+            console.print("gpu pool: no worker started (no CUDA here), so the Prefect UI shows it 'Not Ready'; "
+                          "gpu-step runs wait there until a gpu worker starts (`searchloop up --gpu-worker`, or "
+                          "`prefect worker start --pool gpu` on a GPU machine)")
         console.print(f"Prefect UI: {cfg.prefect_ui_url}   MLflow UI: {cfg.mlflow_url}")
-        console.print(f"export PREFECT_API_URL={cfg.prefect_api_url} MLFLOW_TRACKING_URI={cfg.mlflow_url}")
+        console.print("CLI runs use this stack by themselves; for other tools in this shell:")
+        console.print(f"export PREFECT_API_URL={cfg.prefect_api_url}", soft_wrap=True)
+        console.print(f"export MLFLOW_TRACKING_URI={cfg.mlflow_url}", soft_wrap=True)
 
     @app.command("down")
     def down() -> None:
@@ -125,12 +153,17 @@ def register(app: typer.Typer) -> None:
         """Show which stack services run, their health and logs."""
         from infra import stack
 
-        table = Table("service", "pid", "running", "healthy", "log")
-        for row in stack.status(stack.default_config()):
+        cfg = stack.default_config()
+        table = Table("service", "pid", "running", "healthy")
+        logs = []
+        for row in stack.status(cfg):
             healthy = "-" if row["healthy"] is None else ("yes" if row["healthy"] else "[red]no[/]")
-            table.add_row(str(row["name"]), str(row["pid"]), "yes" if row["running"] else "[red]no[/]",
-                          healthy, str(row["log"]))
+            table.add_row(str(row["name"]), str(row["pid"]), "yes" if row["running"] else "[red]no[/]", healthy)
+            logs.append((str(row["name"]), str(row["log"])))
         console.print(table)
+        console.print("logs (whole paths, one per line):")
+        for name, path in logs:  # never cut: a path is copied from here
+            console.print(f"  {name}: {path}", soft_wrap=True, markup=False, highlight=False)
         state = stack.live_state()
         if state:
             console.print(f"stack up: Prefect UI {state['prefect_ui_url']}   MLflow UI {state['mlflow_url']}  "
@@ -164,7 +197,7 @@ def register(app: typer.Typer) -> None:
 
     @deploy.command("run")
     def deploy_run(
-        flow_name: str = typer.Argument(..., help="Flow: build-index, evaluate, em-loop, rl-finetune, demo, retrain."),
+        flow_name: str = typer.Argument(..., help=f"Flow: {', '.join(FLOW_NAMES)}."),
         overrides: list[str] | None = typer.Argument(
             None, show_default=False, help="key.sub=value settings on top of the preset (merged into nested "
             "sections), e.g. index.backend=dense; for retrain: config.name=nightly."),
@@ -188,16 +221,23 @@ def register(app: typer.Typer) -> None:
             prepare(flow_name, preset or FLOWS[flow_name].default_preset, items, dry_run)
             if dry_run:
                 return
+        else:  # a flow without presets (retrain): its parameters are checked here too, --dry-run included
+            from flows import deployments
+
+            if preset is not None:
+                raise ConfigError(f"flow {flow_name!r} takes no preset; pass its parameters as key=value "
+                                  "(e.g. config.name=nightly)")
+            local = deployments.check_parameters(flow_name, items)
+            if dry_run:
+                console.print(local)
+                return
         url = _api_url()  # no server: say so before importing Prefect
         from flows import deployments
 
-        with _prefect_api(url):
+        with _prefect_api(url), _server_errors():
             name = f"{flow_name}/{deployment}"
             defaults = {} if flow_name in FLOWS else deployments.deployment_defaults(name)
             params = deployments.run_parameters(flow_name, preset, items, defaults)
-            if dry_run:
-                console.print(params)
-                return
             run_id = deployments.submit(name, params, job_variables=job_vars)
             console.print(f"submitted flow run {run_id} of {name} with {params}")
             if not follow:

@@ -24,7 +24,17 @@ CASES = {
     "corpus missing": (["index", "build", "index.corpus=nope/corpus.jsonl"],
                        "index.corpus: file 'nope/corpus.jsonl' does not exist"),
     "bad override syntax": (["eval", "agent.limit"], "is not of the form key.sub=value"),
-    "unknown key": (["eval", "agent.limt=5"], "agent.limt: unknown key"),
+    "unknown key": (["eval", "agent.limt=5"], "agent.limt: unknown key (did you mean 'agent.limit'?"),
+    "preset typo": (["eval", "--preset", "eval_mnii"], "preset 'eval_mnii' not found (did you mean 'eval_mini'"),
+    "presets of a flow without presets": (["presets", "--flow", "retrain"], "flow 'retrain' takes no presets"),
+    "deploy run retrain unknown key, dry run": (["deploy", "run", "retrain", "config.nme=x", "--dry-run"],
+                                                "nme: unknown key (did you mean 'name'?"),
+    "deploy run retrain unknown key": (["deploy", "run", "retrain", "config.nme=x"],
+                                       "nme: unknown key (did you mean 'name'?"),
+    "deploy run retrain parameter without its section": (["deploy", "run", "retrain", "name=x", "--dry-run"],
+                                                         "unknown parameter 'name' (did you mean 'config.name'?)"),
+    "deploy run retrain bad value": (["deploy", "run", "retrain", "config.refresh=sometimes", "--dry-run"],
+                                     "refresh: Input should be 'incremental' or 'full'"),
     "unknown benchmark": (["eval", "datasets=[hotpotqa_minii]"], "benchmark 'hotpotqa_minii' is neither a file"),
     "retriever corpus is a directory": (["eval", "agent.retriever.corpus=data"], "'data' is a directory"),
     "em-loop question file missing": (["run", "em-loop", "sampling.questions=[{path: missing.jsonl}]"],
@@ -85,3 +95,28 @@ def test_dry_run_prints_config_and_plan_and_starts_nothing(tmp_path: Path) -> No
         out, _ = _run(args, tmp_path)
         assert out.returncode == 0 and "stage plan" in out.stdout, args + [out.stderr]
     assert not list(tmp_path.rglob("prefect.db"))
+
+
+def test_deploy_run_retrain_dry_run_prints_checked_parameters(tmp_path: Path) -> None:
+    out, _ = _run(["deploy", "run", "retrain", "config.name=nightly", "--dry-run"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "'name': 'nightly'" in out.stdout and "'trainer'" in out.stdout
+    assert not list(tmp_path.rglob("prefect.db"))
+
+
+def test_server_4xx_is_one_error_line(monkeypatch) -> None:
+    """A 409 from the Prefect server (a parameter its schema rejects) -> SearchloopError, one line, exit 2."""
+    import httpx
+
+    from flows.commands.ops import _server_errors
+    from infra.errors import SearchloopError
+
+    request = httpx.Request("POST", "http://127.0.0.1:4200/api/deployments/x/create_flow_run")
+    response = httpx.Response(409, request=request, json={"detail": "Error creating flow run: Validation failed "
+                                                                    "for field 'config'. Failure reason: 'nme' "
+                                                                    "was unexpected"})
+    with pytest.raises(SearchloopError, match=r"refused the request \(409 Conflict\): .*'nme'"), \
+            _server_errors():
+        raise httpx.HTTPStatusError("409", request=request, response=response)
+    with pytest.raises(httpx.HTTPStatusError), _server_errors():  # a server fault is not the user's input
+        raise httpx.HTTPStatusError("500", request=request, response=httpx.Response(500, request=request))

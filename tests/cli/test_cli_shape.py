@@ -18,15 +18,37 @@ def test_version_and_presets_list_every_file_with_its_flow() -> None:
     assert out.exit_code == 0 and out.output.startswith("searchloop ")
     out = CliRunner().invoke(app, ["presets"], terminal_width=250)
     assert out.exit_code == 0, out.output
-    lines = {line.split()[0]: line.split()[1] for line in out.output.splitlines()[1:] if line.strip()}
+    lines = {line.split()[0]: line.split()[1] for line in out.output.splitlines()[1:] if line[:1].strip()}
     assert set(lines) == {p.stem for p in PRESET_DIR.glob("*.yaml")}
     assert lines["index_mini_dense"] == "build-index" and lines["eval_mini"] == "evaluate"
     assert lines["exsearch_cpu_demo"] == "em-loop" and lines["research_grpo"] == "rl-finetune"
     assert "(invalid)" not in out.output
     assert "Dense all-MiniLM-L6-v2" in out.output  # the description comes from the YAML's leading comment
     out = CliRunner().invoke(app, ["presets", "--flow", "em-loop"], terminal_width=250)
-    rows = [line.split() for line in out.output.splitlines()[1:]]
+    rows = [line.split() for line in out.output.splitlines()[1:] if line[:1].strip()]
     assert {r[0] for r in rows} >= {"exsearch_cpu_demo", "exsearch_paper"} and {r[1] for r in rows} == {"em-loop"}
+
+
+def test_80_columns_presets_whole_descriptions_status_paths_version_flag(monkeypatch, tmp_path) -> None:
+    from flows.specs import list_presets
+    from infra import stack
+
+    out = CliRunner().invoke(app, ["presets"], terminal_width=80)
+    assert out.exit_code == 0 and max(len(line) for line in out.output.splitlines()) <= 80
+    text = " ".join(out.output.split())
+    for p in list_presets():  # never cut: every description whole (wrapped)
+        assert " ".join(p.description.split()) in text, p.name
+    assert "…" not in out.output
+    out = CliRunner().invoke(app, ["--help"], terminal_width=80)
+    assert "--version" in out.output and not [line for line in out.output.splitlines()
+                                              if "--version" in line and "<bool>" in line]
+    logs = [f"{tmp_path}/{'a-long-folder-name-' * 4}/run/{n}.log" for n in ("prefect-server", "worker-cpu")]
+    monkeypatch.setattr(stack, "status", lambda cfg: [{"name": f"svc{i}", "pid": 1, "running": True,
+                                                      "healthy": True, "url": None, "log": log}
+                                                     for i, log in enumerate(logs)])
+    monkeypatch.setattr(stack, "live_state", lambda home=None, timeout=0.5: None)
+    out = CliRunner().invoke(app, ["status"], terminal_width=80)
+    assert out.exit_code == 0 and all(log in out.output for log in logs)  # whole paths, copyable
 
 
 def test_every_user_flow_takes_a_preset_from_a_list_and_overrides() -> None:
@@ -172,3 +194,31 @@ def test_em_loop_table_renders_typed_iteration_results() -> None:
     console.print(history_table(rows))
     text = console.export_text()
     assert "0.1250" in text and "[0.0000, 0.5000]" in text and "yes" in text
+
+
+def test_models_uri_checked_when_the_config_loads_and_readme_example_is_what_the_demo_registers(tmp_path) -> None:
+    import re
+
+    import mlflow
+
+    from flows.specs import resolve
+    from infra.config import load_config
+    from infra.errors import ConfigError
+    from infra.settings import REPO_ROOT
+    from infra.tracking import configure
+    from training.em.config import EMLoopConfig
+
+    demo_name = load_config(EMLoopConfig, "exsearch_cpu_demo").registered_model
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert set(re.findall(r"models:/([\w.-]+)@champion", readme)) == {demo_name}  # the CPU demo registers it
+    configure("models-uri-check")
+    client = mlflow.MlflowClient()
+    client.create_registered_model(demo_name)
+    version = client.create_model_version(demo_name, str(tmp_path), run_id=None).version
+    client.set_registered_model_alias(demo_name, "champion", version)
+    resolve("evaluate", "eval_demo", [f"agent.generator.model=models:/{demo_name}@champion"])  # known: passes
+    with pytest.raises(ConfigError, match=rf"agent.generator.model: models:/exsearch-em: no registered model "
+                                          rf"'exsearch-em' .*did you mean models:/{demo_name}@champion"):
+        resolve("evaluate", "eval_demo", ["agent.generator.model=models:/exsearch-em@champion"])
+    with pytest.raises(ConfigError, match=r"no alias 'best' .*its aliases: @champion \(v1\)"):
+        resolve("evaluate", "eval_demo", [f"agent.generator.model=models:/{demo_name}@best"])

@@ -55,21 +55,30 @@ def test_a_failing_sink_never_breaks_the_loop(events) -> None:
     assert events[-1].done == 1
 
 
-def test_terminal_sink_prints_lines_when_not_a_tty() -> None:
+def test_terminal_sink_prints_on_a_timer_when_not_a_tty() -> None:
+    """Not a terminal: a line per running loop on a timer even with no new update, no zero-work line, whole
+    numbers whole, the last line only for a loop that printed before (a short loop prints nothing)."""
     from rich.console import Console
 
     buf = io.StringIO()
-    sink = progress.TerminalSink(Console(file=buf, force_terminal=False, width=200), line_interval_s=3600)
+    sink = progress.TerminalSink(Console(file=buf, force_terminal=False, width=200), line_interval_s=0.2)
     progress.register_sink(sink, 0.0)
     try:
-        with progress.track("rollouts exsearch", total=3, unit="trajectory") as bar:
-            bar.update(3)
+        with progress.track("quick", total=2, unit="question") as bar:
+            bar.advance(2)  # ends before the first timer line: silent
+        with progress.track("rollouts searchr1 (1 trajectories)", total=1048576, unit="token") as bar:
+            time.sleep(0.5)  # no work yet: no line
+            assert buf.getvalue() == ""
+            bar.update(524288)
+            time.sleep(0.7)  # no new update: the timer still prints, with a growing elapsed time
     finally:
         progress.unregister_sink(sink)
     lines = buf.getvalue().splitlines()
-    assert lines[0] == "progress rollouts exsearch: 0/3 trajectory (0%)"
-    assert lines[-1].startswith("progress rollouts exsearch: 3/3 trajectory (100%)") and "done in" in lines[-1]
-    assert len(lines) == 2  # throttled: the first line and the last
+    assert len(lines) >= 3 and not [x for x in lines if "quick" in x or ": 0/" in x]
+    assert lines[0].startswith("progress rollouts searchr1 (1 trajectories): 524288/1048576 token (50%)")
+    assert "e+" not in buf.getvalue() and "ETA" in lines[0]
+    assert lines[-1].startswith("progress rollouts searchr1 (1 trajectories): 524288/1048576 token (50%)")
+    assert "done in" in lines[-1]
 
 
 def test_format_seconds() -> None:

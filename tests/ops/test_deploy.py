@@ -26,7 +26,7 @@ def _cli(args: list[str], env: dict[str, str], timeout: float = 240) -> subproce
 def test_cli_deployment_run_completes_on_worker_and_logs_to_mlflow(ops_stack, corpus_copy: Path, tmp_path: Path):
     out = _cli(
         ["deploy", "run", "retrain", f"config.corpus={corpus_copy}", f"config.state_root={tmp_path / 'state'}",
-         "config.name=cli-run"],
+         "config.name=cli-run", "config.trainer=none"],
         env={"PREFECT_API_URL": ops_stack.cfg.prefect_api_url},
     )
     assert out.returncode == 0, out.stdout + out.stderr
@@ -69,7 +69,8 @@ def test_scheduled_deployment_fires_on_interval(ops_stack, corpus_copy: Path, tm
     from flows import deployments
     from flows.retrain import retrain
 
-    params = {"config": {"corpus": str(corpus_copy), "state_root": str(tmp_path / "state"), "name": "sched"}}
+    params = {"config": {"corpus": str(corpus_copy), "state_root": str(tmp_path / "state"), "name": "sched",
+                         "trainer": "none"}}
     with ops_stack.client_env(), get_client(sync_client=True) as client:
         dep_id = UUID(deployments.register(retrain, "cpu", name="every-10s", interval=10, parameters=params,
                                            concurrency_limit=1))

@@ -28,7 +28,7 @@ def test_retriever_killed_mid_run_task_retries_and_flow_completes(ops_stack, cor
     spec, run_dir = retriever_service(index)
     url = spec.health_url.removesuffix("/health")
     params = {"config": {"corpus": str(corpus_copy), "state_root": str(tmp_path / "state"), "name": "fault",
-                         "retriever_url": url}}
+                         "retriever_url": url, "trainer": "none"}}
     with ops_stack.client_env():
         run_id = deployments.submit("retrain/default", params)
         # the worker has taken the run: kill the retriever the run depends on (SIGKILL, whole process group)
@@ -52,7 +52,7 @@ def test_mlflow_down_fails_clearly_keeps_artifacts_and_rerun_resumes(ops_stack, 
     from tasks.ops import TrackingUnavailable
 
     down_uri = f"http://127.0.0.1:{proc.free_port()}"  # an MLflow server that is down: nothing listens there
-    cfg = RetrainConfig(corpus=str(corpus_copy), state_root=str(tmp_path / "state"), name="mlflow-down")
+    cfg = RetrainConfig(trainer="none", corpus=str(corpus_copy), state_root=str(tmp_path / "state"), name="mlflow-down")
     with ops_stack.client_env(mlflow_uri=down_uri), pytest.raises(TrackingUnavailable, match="is not reachable"):
         retrain(cfg)
     state_dir = tmp_path / "state" / "mlflow-down"

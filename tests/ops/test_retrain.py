@@ -19,7 +19,7 @@ CORPUS = Path(__file__).resolve().parents[2] / "data" / "corpus" / "mini.jsonl"
 
 
 def test_corpus_change_rebuilds_and_gates_no_change_is_noop(ops_stack, corpus_copy: Path, tmp_path: Path):
-    cfg = RetrainConfig(corpus=str(corpus_copy), state_root=str(tmp_path / "state"), name="gate")
+    cfg = RetrainConfig(trainer="none", corpus=str(corpus_copy), state_root=str(tmp_path / "state"), name="gate")
     state_dir = tmp_path / "state" / "gate"
     with ops_stack.client_env():
         first = retrain(cfg)
@@ -77,7 +77,7 @@ def test_s3_corpus_source_change_detection(ops_stack, moto_s3: str, tmp_path: Pa
     fs.mkdir("searchloop-corpus")
     uri = "s3://searchloop-corpus/mini.jsonl"
     artifacts.write_bytes(uri, CORPUS.read_bytes())
-    cfg = RetrainConfig(corpus=uri, state_root=str(tmp_path / "state"), name="s3")
+    cfg = RetrainConfig(trainer="none", corpus=uri, state_root=str(tmp_path / "state"), name="s3")
     with ops_stack.client_env():
         assert retrain(cfg).status == "promoted"
         assert retrain(cfg).status == "no-op"
@@ -143,7 +143,8 @@ def test_dense_refresh_is_incremental_encodes_only_changes_full_on_request(ops_s
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(b"\n".join(CORPUS.read_bytes().splitlines()[:60]) + b"\n")
     index = {"corpus": str(corpus), "backend": "dense", "shard_size": 32}
-    cfg = RetrainConfig(corpus=str(corpus), state_root=str(tmp_path / "state"), name="dense", index=index)
+    cfg = RetrainConfig(trainer="none", corpus=str(corpus), state_root=str(tmp_path / "state"), name="dense",
+                        index=index)
     ids = [p.id for p in sync.iter_corpus(corpus)]
     with ops_stack.client_env():
         first = retrain(cfg)

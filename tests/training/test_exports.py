@@ -119,3 +119,58 @@ def test_flashrag_export_reloads(tmp_path: Path) -> None:
     back, orig = load_benchmark(tmp_path / "m.jsonl"), load_benchmark("musique_mini", limit=5)
     assert [(q.id, q.question, q.golden_answers) for q in back] == [(q.id, q.question, q.golden_answers) for q in orig]
     assert orjson.loads((tmp_path / "m.jsonl").read_bytes().splitlines()[0])["metadata"]["dataset"] == "musique"
+
+
+def test_lf_alpaca_of_a_benchmark_read_by_llamafactory(tmp_path: Path) -> None:
+    """No row has a system prompt: dataset_info.json must not map a ``system`` column (LLaMA-Factory's converter
+    raised ``KeyError: 'system'``)."""
+    export_dataset("lf-alpaca", "hotpotqa_mini", tmp_path / "lf", limit=3)
+    info = orjson.loads((tmp_path / "lf" / "dataset_info.json").read_bytes())
+    assert "system" not in info["hotpotqa_mini"]["columns"]
+    ds = _lf_align(tmp_path / "lf", "hotpotqa_mini")
+    qs = load_benchmark("hotpotqa_mini", limit=3)
+    assert [r["_prompt"][0]["content"] for r in ds] == [q.question for q in qs]
+    assert [r["_response"][0]["content"] for r in ds] == [q.golden_answers[0] for q in qs]
+    assert {r["_system"] for r in ds} == {""}
+
+
+SEARCHR1_QA_SOURCES = {"nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"}
+
+
+@pytest.mark.parametrize("bench", ["hotpotqa_mini", "2wikimultihopqa_mini", "musique_mini", "bamboogle_mini"])
+def test_searchr1_parquet_read_as_verl_rlhf_dataset_does(bench: str, tmp_path: Path) -> None:
+    """verl's RLHFDataset path (Search-R1's trainer): ``datasets`` parquet loader -> ``prompt`` messages for the chat
+    template -> the reward picked by ``data_source`` (Search-R1's ``_select_rm_score_fn``: qa_em for these names)
+    and called with ``reward_model['ground_truth']`` (its ``target`` list)."""
+    import datasets
+
+    out = tmp_path / f"{bench}.parquet"
+    export_dataset("searchr1-parquet", bench, out, limit=3)
+    ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
+    assert len(ds) == 3
+    for row in ds:
+        messages = row["prompt"]
+        assert all(set(m) == {"role", "content"} and isinstance(m["content"], str) for m in messages)
+        assert messages[-1]["role"] == "user"
+        assert row["data_source"] in SEARCHR1_QA_SOURCES  # else Search-R1 raises NotImplementedError
+        target = row["reward_model"]["ground_truth"]["target"]
+        assert isinstance(target, list) and target and all(isinstance(t, str) for t in target)
+        assert isinstance(row["extra_info"]["index"], int)
+
+
+FLASHRAG_ITEM_KEYS = {"id", "question", "golden_answers", "choices", "metadata", "output"}
+
+
+def test_flashrag_jsonl_has_flashrag_item_shape(tmp_path: Path) -> None:
+    """FlashRAG's ``Dataset`` reads one ``json.loads`` per line into an ``Item`` (id, question, golden_answers list,
+    metadata dict; choices/output optional): the export has exactly that shape."""
+    import json
+
+    export_dataset("flashrag", "bamboogle_mini", tmp_path / "b.jsonl", limit=4)
+    lines = (tmp_path / "b.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 4
+    for line in lines:
+        item = json.loads(line)
+        assert set(item) <= FLASHRAG_ITEM_KEYS and {"id", "question", "golden_answers"} <= set(item)
+        assert isinstance(item["golden_answers"], list) and all(isinstance(a, str) for a in item["golden_answers"])
+        assert isinstance(item["metadata"], dict) and item["question"].strip()

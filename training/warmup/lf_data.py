@@ -30,10 +30,14 @@ OUR_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "a
             "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}
 
 
-def dataset_info_entry(file_name: str, formatting: Formatting) -> dict[str, Any]:
-    """The ``dataset_info.json`` entry for a file written by :func:`write_lf_dataset`."""
+def dataset_info_entry(file_name: str, formatting: Formatting,
+                       rows: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The ``dataset_info.json`` entry for a file written by :func:`write_lf_dataset`. An alpaca entry maps only the
+    columns the rows have (LLaMA-Factory's converter reads every mapped column: a ``system`` column no row has is
+    a ``KeyError`` there)."""
     if formatting == "alpaca":
-        return {"file_name": file_name, "columns": dict(ALPACA_COLUMNS)}
+        present = set().union(*(r.keys() for r in rows)) if rows else set(ALPACA_COLUMNS.values())
+        return {"file_name": file_name, "columns": {k: v for k, v in ALPACA_COLUMNS.items() if v in present}}
     return {"file_name": file_name, "formatting": "sharegpt", "columns": {"messages": "messages"},
             "tags": dict(OUR_TAGS)}
 
@@ -83,7 +87,7 @@ def write_lf_dataset(chats: Iterable[Mapping[str, Any]], out_dir: str | Path, na
         raise DataError(f"nothing to export to {out / file_name}: the source has no rows")
     info_path = out / "dataset_info.json"
     info = orjson.loads(info_path.read_bytes()) if info_path.exists() else {}
-    info[name] = dataset_info_entry(file_name, formatting)
+    info[name] = dataset_info_entry(file_name, formatting, rows)
     artifacts.write_json(info_path, info)
     return info_path
 

@@ -1,0 +1,73 @@
+"""Scheduled retraining's model step (``flows.retrain._model_hook``) with a fake trainer and a fake registry: the
+default deployment trains (rl-finetune on the cheap preset), starts from ``@champion`` once there is one, and moves
+``@champion`` only when the held-out paired interval of ``promote_on`` lies above 0."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from flows import retrain as rt
+from flows.retrain import RetrainConfig
+
+
+class FakeTrainer:
+    """Stands in for the rl-finetune flow: records its overrides, returns a registered version and a report."""
+
+    def __init__(self, improved: bool, version: str) -> None:
+        self.improved, self.version, self.calls = improved, version, []
+
+    def __call__(self, overrides: list[str], preset: str | None = None) -> SimpleNamespace:
+        self.calls.append({"overrides": list(overrides), "preset": preset})
+        return SimpleNamespace(
+            registered=SimpleNamespace(name="searchloop-searchr1_learn_demo", version=self.version),
+            learning=SimpleNamespace(improved={"reward": self.improved, "f1": False}, n=24))
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    aliases: dict[tuple[str, str], str] = {}
+    monkeypatch.setattr("infra.tracking.get_alias", lambda name, alias: (
+        SimpleNamespace(version=aliases[(name, alias)]) if (name, alias) in aliases else None))
+    monkeypatch.setattr("infra.tracking.set_alias",
+                        lambda name, alias, version: aliases.__setitem__((name, alias), version))
+    return aliases
+
+
+def test_default_config_retrains_on_the_cheap_preset() -> None:
+    cfg = RetrainConfig()
+    assert cfg.trainer == "rl-finetune" and cfg.preset == "searchr1_learn_demo" and cfg.promote_on == "reward"
+
+
+def test_promotes_only_when_the_paired_interval_says_better(monkeypatch, registry) -> None:
+    cfg = RetrainConfig(corpus="data/corpus/mini.jsonl")
+    first = FakeTrainer(improved=True, version="1")
+    monkeypatch.setattr(rt, "load_object", lambda ref: first)
+    note = rt._model_hook(cfg)
+    assert "v1 promoted to @champion" in note and "the preset's start model" in note
+    call = first.calls[0]
+    assert call["preset"] == "searchr1_learn_demo" and "eval.compare_start=true" in call["overrides"]
+    assert not [o for o in call["overrides"] if o.startswith("model=")]  # no champion yet: the preset's model
+    assert registry[("searchloop-searchr1_learn_demo", "champion")] == "1"
+
+    second = FakeTrainer(improved=False, version="2")
+    monkeypatch.setattr(rt, "load_object", lambda ref: second)
+    note = rt._model_hook(cfg)
+    overrides = second.calls[0]["overrides"]
+    assert "model=models:/searchloop-searchr1_learn_demo@champion" in overrides and "init.warmup=null" in overrides
+    assert "v2 registered, not promoted" in note and "vs champion v1" in note
+    assert registry[("searchloop-searchr1_learn_demo", "champion")] == "1"  # refused: the champion stays
+
+    third = FakeTrainer(improved=True, version="3")
+    monkeypatch.setattr(rt, "load_object", lambda ref: third)
+    assert "v3 promoted" in rt._model_hook(cfg)
+    assert registry[("searchloop-searchr1_learn_demo", "champion")] == "3"
+
+
+def test_promote_on_is_checked_when_the_config_loads() -> None:
+    from infra.config import build_config
+    from infra.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="promote_on"):
+        build_config(RetrainConfig, {"promote_on": "rewrd"})
