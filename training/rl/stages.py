@@ -1,6 +1,6 @@
 """RL launchers: ``train_rl_stage`` runs one stage with the preset's engine and returns a :class:`CheckpointRef`.
 
-Engines are named in :data:`ENGINES` (dotted strings, imported only when chosen):
+Engines are named in :data:`training.rl.engines.ENGINES` (dotted strings, imported only when chosen):
 
 * ``trl`` (:func:`train_stage_trl`, here): GRPO with search in the loop on one machine (``training.rl.trl_engine``),
   health monitors as a callback, rollouts dumped as trajectory records, final policy saved as an HF folder.
@@ -26,10 +26,9 @@ from training.generation.spec import open_generator
 from training.refs import CheckpointRef
 from training.rl.config import RLConfig, StageSpec, resolve_model
 from training.rl.data import RLDataRef, train_split
+from training.rl.engines import get_engine
 
 log = logging.getLogger(__name__)
-
-ENGINES = {"trl": "training.rl.stages:train_stage_trl", "verl": "training.rl.verl.launch:train_stage_verl"}
 
 
 def experiment_root(cfg: RLConfig) -> str:
@@ -55,13 +54,13 @@ def finished_stage(out_uri: str) -> CheckpointRef | None:
 
 def train_rl_stage(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model: str, out_uri: str) -> CheckpointRef:
     """Train one stage with ``cfg.engine`` from ``init_model``; resume inside ``out_uri`` if it was started."""
-    from infra.lazy import pick
+    from infra.lazy import load_object
 
     done = finished_stage(out_uri)
     if done is not None:
         log.info("stage %s already finished at %s", stage.name, out_uri)
         return done
-    return pick(ENGINES, cfg.engine, "RL engine")(cfg, stage, data, init_model, out_uri)
+    return load_object(get_engine(cfg.engine).launch)(cfg, stage, data, init_model, out_uri)
 
 
 def _last_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
@@ -251,7 +250,7 @@ def prepare_data(cfg: RLConfig, out_uri: str, train: list[Any] | None = None) ->
     if cfg.data.val:
         splits["val"] = load(cfg.data.val, cfg.data.val_limit)
     system = getattr(load_protocol(cfg.protocol), "system_template", None)
-    tool = "search" if cfg.engine == "verl" else None
+    tool = get_engine(cfg.engine).tool_name
     return prepare_rl_data(splits, out_uri, default_messages(system), tool_name=tool,
                            sources={"train": cfg.data.train, "val": cfg.data.val}, protocol=cfg.protocol,
                            config_hash=config_hash(cfg))
