@@ -124,6 +124,15 @@ class RLConfig(StrictModel):
             data = {**data, "stages": [{"name": k, **(v or {})} for k, v in data["stages"].items()]}
         return data
 
+    def stage_top_k(self, stage: StageSpec) -> int:
+        """Documents per search in ``stage``: the stage's ``top_k``, else the preset's (the one place this is
+        decided; rollouts, warm-up, verl's tool and agent loop all read it)."""
+        return stage.top_k or self.top_k
+
+    def eval_top_k(self) -> int:
+        """Documents per search at evaluation: ``eval.top_k``, else the last stage's."""
+        return self.eval.top_k or self.stage_top_k(self.stages[-1])
+
     @model_validator(mode="after")
     def _engine_settings(self) -> RLConfig:
         errors = []

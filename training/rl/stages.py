@@ -85,7 +85,7 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
     out = artifacts.local_path(out_uri)
     model_path = resolve_model(init_model)
     tok = load_tokenizer(model_path)
-    protocol = load_protocol(cfg.protocol, top_k=stage.top_k or cfg.top_k, max_turns=stage.max_turns,
+    protocol = load_protocol(cfg.protocol, top_k=cfg.stage_top_k(stage), max_turns=stage.max_turns,
                              template=cfg.template)
     rows = prompt_rows(protocol, trl_rows(read_parquet(data.split_uri(train_split(stage, data)))), tok)
     sink: list = []
@@ -181,7 +181,7 @@ def _policy_rollouts(cfg: RLConfig, model: str, questions: list[Any], n: int, te
     from training.protocols.base import load_protocol
 
     stage = cfg.stages[0]
-    protocol = load_protocol(cfg.protocol, top_k=stage.top_k or cfg.top_k, max_turns=stage.max_turns,
+    protocol = load_protocol(cfg.protocol, top_k=cfg.stage_top_k(stage), max_turns=stage.max_turns,
                              template=cfg.template)
     gen = open_generator(cfg.eval.generator.model_copy(update={"model": resolve_model(model)}))
     rcfg = RolloutConfig(n=n, temperature=temperature, best_of=1, max_total_tokens=max_tokens, seed=0)

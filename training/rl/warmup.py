@@ -44,7 +44,7 @@ class WarmupRef(StrictModel):
 def protocol_kwargs(cfg: Any) -> dict[str, Any]:
     """The first stage's protocol settings: identical to ``training.rl.stages.train_stage_trl``'s rollouts."""
     stage = cfg.stages[0]
-    return {"top_k": stage.top_k or cfg.top_k, "max_turns": stage.max_turns, "template": cfg.template}
+    return {"top_k": cfg.stage_top_k(stage), "max_turns": stage.max_turns, "template": cfg.template}
 
 
 def warmup_root(cfg: Any) -> str:

@@ -130,7 +130,7 @@ def verl_loop_entry(cfg: SmartSearchConfig, rl_cfg: Any) -> dict[str, Any]:
         raise ValueError("verl needs the retriever service: set retrieval.url")
     spec = LoopSpec(endpoint=cfg.endpoint, judge=cfg.judge, refiner=cfg.refiner, branch=cfg.stage3.branch,
                     judge_reward=cfg.stage3.judge_reward, max_length_diff=cfg.stage3.max_length_diff)
-    return smartsearch_loop_entry(rl_cfg.protocol, vcfg.top_k, stage.max_turns, rl_cfg.template,
+    return smartsearch_loop_entry(rl_cfg.protocol, rl_cfg.stage_top_k(stage), stage.max_turns, rl_cfg.template,
                                   rl_cfg.retrieval.url, vcfg.max_tokens_per_turn, spec)
 
 
