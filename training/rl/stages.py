@@ -21,6 +21,7 @@ from typing import Any
 from infra import artifacts
 from infra.config import config_hash
 from infra.registry import RegisteredCheckpoint
+from infra.tracking import child_run
 from retrieval.open import open_searcher
 from training.generation.spec import open_generator
 from training.refs import CheckpointRef
@@ -276,22 +277,6 @@ def bucket_data(cfg: RLConfig, data: RLDataRef, model: str, out_uri: str) -> RLD
     artifacts.write_json(artifacts.join(out_uri, "buckets.json"),
                          {b: [q.id for q in qs] for b, qs in buckets.items()})
     return prepare_data(cfg, out_uri, train=mixed)
-
-
-def child_run(parent_run_id: str | None, name: str, params: dict[str, Any] | None = None) -> Any:
-    """Start an MLflow run nested under ``parent_run_id`` (a context manager yielding the run)."""
-    import mlflow
-
-    from infra import links
-    from infra.tracking import configure, log_params
-
-    configure()
-    tags = {**links.link_tags(), **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
-    run = mlflow.start_run(run_name=name, tags=tags, nested=mlflow.active_run() is not None)
-    links.announce_run(run.info.run_id, run.info.experiment_id, name)
-    if params:
-        log_params(params)
-    return run
 
 
 def open_parent_run(cfg: RLConfig) -> str:
