@@ -1,8 +1,9 @@
 """``build-index`` flow: validate corpus -> embed shards -> build index -> manifest -> recall -> MLflow run.
 
-Composition only: every step is a task in ``tasks.retrieval`` wrapping one library function. Dense shards are
-embedded one task per shard (retried, cached by content hash); a hybrid index builds both parts the same way and
-then writes its own manifest. Returns a small :class:`BuildIndexResult`.
+Composition only: every step is a task in ``tasks.retrieval`` wrapping one library function. The shards of a
+backend that embeds them (dense) are embedded one task per shard (retried, cached by content hash); a composite
+(hybrid) index builds its parts the same way and then writes its own manifest. Returns a
+small :class:`BuildIndexResult`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from flows.fanout import FanOutConfig, map_task
 from flows.flow_configs import BuildIndexFlowConfig
 from flows.specs import Overrides, preset_choice, resolve
-from retrieval.index import IndexBuildConfig, IndexRef, default_index_dir, part_config
+from retrieval.backends import get_backend
+from retrieval.index import IndexBuildConfig, IndexRef, default_index_dir, index_parts, part_config
 from retrieval.recall import RecallReport
 from tasks import retrieval as t
 
@@ -39,7 +41,7 @@ def _build_single(cfg: IndexBuildConfig, out: str, force: bool, parallel: FanOut
         return existing
     plan = t.plan_index(cfg, out)
     shards = []
-    if cfg.backend == "dense":
+    if get_backend(cfg.backend).embeds_shards:
         calls = [{"store_dir": plan.out_dir, "spec": spec, "shards_dir": str(Path(plan.out_dir) / "shards"),
                   "encoder": cfg.encoder} for spec in plan.store.shards]
         shards = map_task(t.embed_shard.with_options(refresh_cache=force), calls, parallel)
@@ -64,11 +66,11 @@ def build_index_flow(preset: IndexPreset = "index_mini_bm25", overrides: Overrid
     cfg: BuildIndexFlowConfig = resolve("build-index", preset, overrides)  # type: ignore[assignment]
     out = cfg.output_dir or str(default_index_dir(cfg.index))
     t.validate_corpus(cfg.index.corpus)
-    if cfg.index.backend == "hybrid":
+    if part_names := index_parts(cfg.index):
         existing = None if cfg.force else t.find_existing_index(cfg.index, out)
         parts = [] if existing else [
             _build_single(part_config(cfg.index, p), str(Path(out) / p), cfg.force, cfg.parallel)
-            for p in (cfg.index.hybrid.first, cfg.index.hybrid.second)
+            for p in part_names
         ]
         ref = existing or t.finalize_hybrid(cfg.index, out, parts)
     else:

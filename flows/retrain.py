@@ -31,6 +31,7 @@ from infra.errors import ConfigError
 from infra.lazy import load_object
 from infra.paths import resolve_path
 from infra.settings import get_settings
+from retrieval.backends import get_backend
 from retrieval.index import IndexBuildConfig, IndexRef
 from retrieval.recall import RecallConfig, RecallReport
 from tasks import index_update, ops
@@ -207,7 +208,8 @@ def _refresh_index(cfg: RetrainConfig, build_cfg: IndexBuildConfig, previous: st
     why = "refresh=full" if cfg.refresh == "full" else "no previous index"
     ref = ops.build_index(build_cfg, index_dir)
     return ref, {"method": "full", "reason": why, "how": f"{ref.backend}: full build", "previous": previous or "",
-                 "counts": {"encoded": 0 if ref.reused or ref.backend == "bm25" else ref.n_passages,
+                 "counts": {"encoded": 0 if ref.reused else get_backend(ref.backend).encoded_by_full_build(
+                     artifacts.local_path(ref.uri), artifacts.read_manifest(ref.uri) or {}),
                             "total": ref.n_passages}}
 
 

@@ -25,18 +25,21 @@ from infra.errors import ConfigError, SearchloopError
 # ---- stage plans (what --dry-run prints) -------------------------------------------------------------------------
 
 def _plan_build_index(cfg: Any) -> list[str]:
+    from retrieval.backends import get_backend
+    from retrieval.index import index_parts
+
     idx = cfg.index
-    parts = [idx.hybrid.first, idx.hybrid.second] if idx.backend == "hybrid" else [idx.backend]
+    composite = index_parts(idx)
     steps = [f"validate-corpus {idx.corpus}" + (f" (first {idx.limit} passages)" if idx.limit else "")]
-    for part in parts:
-        where = f" into <out>/{part}" if idx.backend == "hybrid" else ""
-        if part == "dense":
+    for part in composite or [idx.backend]:
+        where = f" into <out>/{part}" if composite else ""
+        if get_backend(part).embeds_shards:
             steps.append(f"embed-shard x N ({idx.shard_size} passages each, {cfg.parallel.task_runner}; "
                          f"encoder {idx.encoder.model}){where}")
         steps.append(f"finalize-index {part}{where}" + (" (reuse an identical complete index)" if not cfg.force
                                                          else " (force: rebuild)"))
-    if idx.backend == "hybrid":
-        steps.append(f"finalize-hybrid (RRF of {idx.hybrid.first} + {idx.hybrid.second})")
+    if composite:
+        steps.append(f"finalize-hybrid ({idx.backend} of {' + '.join(composite)})")
     if cfg.evaluate:
         steps.append(f"evaluate-recall at k={cfg.evaluation.ks} on {len(cfg.evaluation.files)} file(s)")
     steps.append(f"log-index-run (MLflow run {cfg.name!r})")

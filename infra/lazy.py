@@ -40,14 +40,17 @@ def table_name(names: Iterable[str], what: str) -> Any:
     """A config field type: a ``str`` that must be one of ``names`` (a table's keys), checked when the config loads
     with the other errors; the error lists the valid names and suggests a close one.
 
+    A mapping is read when a config is checked, not when the type is made, so a line added to the table later (a
+    backend registered by a plugin or a test) is valid at once.
+
     Example: ``ProtocolName = table_name(PROTOCOLS, "protocol")``, then ``protocol: ProtocolName = Field(...)``.
     """
     from typing import Annotated
 
     from pydantic import AfterValidator
 
-    valid = sorted(names)
-    return Annotated[str, AfterValidator(lambda name: check_name(name, valid, what))]
+    live = names if isinstance(names, Mapping) else tuple(names)
+    return Annotated[str, AfterValidator(lambda name: check_name(name, sorted(live), what))]
 
 
 def load_object(target: str) -> Any:

@@ -89,6 +89,22 @@ def stage_run(
         yield run
 
 
+def child_run(parent_run_id: str | None, name: str, params: dict[str, Any] | None = None) -> Any:
+    """Start an MLflow run nested under ``parent_run_id`` (a context manager yielding the run), tagged with the
+    Prefect links; the one way every loop opens its parent and child runs."""
+    import mlflow
+
+    from infra import links
+
+    configure()
+    tags = {**links.link_tags(), **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
+    run = mlflow.start_run(run_name=name, tags=tags, nested=mlflow.active_run() is not None)
+    links.announce_run(run.info.run_id, run.info.experiment_id, name)
+    if params:
+        log_params(params)
+    return run
+
+
 def client() -> Any:
     """An ``MlflowClient`` on the configured store."""
     from mlflow import MlflowClient

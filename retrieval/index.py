@@ -2,9 +2,10 @@
 
 A build writes a directory: the passage store, the backend's files, and ``manifest.json`` last (backend, full
 config, config hash, corpus hash, counts, sizes, timings). ``load_searcher(dir)`` reads the manifest and returns the
-right Searcher. A hybrid index is a manifest over two complete sub-index directories. The build runs in stages
-(``plan_index`` -> ``embed_shard`` per dense shard -> ``finalize_index``) so the Prefect flow can retry and cache
-each stage; ``build_index`` runs the same stages in-process.
+right Searcher; what differs per backend lives in ``retrieval.backends`` (named in
+``retrieval.index_config.INDEX_BACKENDS``). A hybrid index is a manifest over two complete sub-index directories.
+The build runs in stages (``plan_index`` -> ``embed_shard`` per dense shard -> ``finalize_index``) so the Prefect
+flow can retry and cache each stage; ``build_index`` runs the same stages in-process.
 """
 
 from __future__ import annotations
@@ -13,57 +14,24 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.artifacts import MANIFEST, local_path, read_manifest, require_manifest, write_manifest
-from infra.config import StrictModel, config_hash
+from infra.config import config_hash
 from infra.errors import ArtifactError, ConfigError
 from infra.paths import resolve_path
 from infra.settings import get_settings
-from retrieval.colbert import ColbertConfig
-from retrieval.dense import SHARDS_DIR, DenseIndexConfig, ShardRef
-from retrieval.encoders import EncoderConfig
-from retrieval.hybrid import HybridConfig
+from retrieval.backends import get_backend
+from retrieval.dense import SHARDS_DIR, ShardRef
+from retrieval.index_config import INDEX_BACKENDS, BM25Config, IndexBuildConfig
 from retrieval.store import StoreInfo
 from retrieval.types import Searcher
 
 log = logging.getLogger(__name__)
-
-Backend = Literal["bm25", "dense", "colbert", "hybrid"]
-BASE_BACKENDS = ("bm25", "dense", "colbert")
-
-
-class BM25Config(StrictModel):
-    """BM25 parameters (bm25s, Lucene variant)."""
-
-    k1: float = Field(default=1.2, gt=0, description="Term-frequency saturation.")
-    b: float = Field(default=0.75, ge=0, le=1, description="Length normalization.")
-
-
-class IndexBuildConfig(StrictModel):
-    """Everything that determines an index: corpus, backend and the backend's parameters."""
-
-    corpus: str = Field(
-        description="Corpus jsonl (path or s3:// URI). Relative paths resolve from the working directory, then the "
-        "repository; 'shared:<rel>' resolves under the shared data dir (SEARCHLOOP_SHARED_DATA_DIR)."
-    )
-    backend: Backend = Field(default="bm25", description="bm25, dense (faiss), colbert (late interaction), hybrid.")
-    split_words: int | None = Field(
-        default=None, ge=10, description="Split documents longer than this many words (~100 = DPR/KILT); None = keep."
-    )
-    limit: int | None = Field(default=None, ge=1, description="Index only the first N passages (quick runs).")
-    shard_size: int = Field(
-        default=4096, ge=1, description="Passages per embedding shard (dense); keep >= 512: the encoder sorts by "
-        "length within a shard, and 128-passage shards measured 0.8x its throughput (benchmarks/index_build.py)."
-    )
-    encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="Dense encoder.")
-    faiss: DenseIndexConfig = Field(default_factory=DenseIndexConfig, description="faiss index type and params.")
-    colbert: ColbertConfig = Field(default_factory=ColbertConfig, description="Late-interaction engine and params.")
-    bm25: BM25Config = Field(default_factory=BM25Config, description="BM25 parameters.")
-    hybrid: HybridConfig = Field(default_factory=HybridConfig, description="Backends fused by the hybrid index.")
-
+__all__ = ["INDEX_BACKENDS", "BM25Config", "IndexBuildConfig", "IndexPlan", "IndexRef", "build_index", "finalize_index",
+           "load_searcher", "plan_index"]
 
 class IndexRef(BaseModel):
     """A finished index directory and its headline facts (what tasks pass around)."""
@@ -122,8 +90,8 @@ def plan_index(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str]) -> IndexP
     from retrieval.corpus import corpus_fingerprint
     from retrieval.store import write_store
 
-    if cfg.backend == "hybrid":
-        raise ConfigError("plan_index builds one backend; hybrid indexes are built by build_index")
+    if get_backend(cfg.backend).parts(cfg):
+        raise ConfigError(f"plan_index builds one backend; a {cfg.backend} index (of parts) is built by build_index")
     out = local_path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)
@@ -137,33 +105,19 @@ def plan_index(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str]) -> IndexP
                      seconds=time.perf_counter() - t0)
 
 
-def _build_backend(cfg: IndexBuildConfig, out: Path, shards: list[ShardRef]) -> dict[str, Any]:
-    if cfg.backend == "bm25":
-        from retrieval.bm25 import BM25Searcher
-        from retrieval.store import PassageStore
-
-        BM25Searcher.build(list(PassageStore(out)), k1=cfg.bm25.k1, b=cfg.bm25.b).save(out, write_passages=False)
-        return {"k1": cfg.bm25.k1, "b": cfg.bm25.b}
-    if cfg.backend == "dense":
-        from retrieval.dense import INDEX_FILE, build_faiss_index
-
-        return build_faiss_index(shards, cfg.faiss, out / INDEX_FILE)
-    from retrieval.colbert import build_colbert_index
-
-    return build_colbert_index(out, cfg.colbert)
-
-
 def finalize_index(cfg: IndexBuildConfig, plan: IndexPlan, shards: list[ShardRef] | None = None) -> IndexRef:
     """Stage 3: build the backend's index from the store (and dense shards) and write the manifest last."""
     out = Path(plan.out_dir)
     shards = list(shards or [])
-    if cfg.backend == "dense" and len(shards) != len(plan.store.shards):
-        raise ArtifactError(f"dense build of {out} has {len(shards)} of {len(plan.store.shards)} shards; rerun it")
+    backend = get_backend(cfg.backend)
+    if backend.embeds_shards and len(shards) != len(plan.store.shards):
+        raise ArtifactError(f"{cfg.backend} build of {out} has {len(shards)} of {len(plan.store.shards)} shards; "
+                            "rerun it")
     if missing := [s.path for s in shards if not Path(s.path).exists()]:
         raise ArtifactError(f"embedding shard(s) {missing[:3]} are gone (deleted after a cached run); rebuild with "
                             "force=true, which refreshes the task cache")
     t0 = time.perf_counter()
-    params = _build_backend(cfg, out, shards)
+    params = backend.build(cfg, out, shards)
     keep = {Path(s.path).name for s in shards}
     for stale in (out / SHARDS_DIR).glob("*") if (out / SHARDS_DIR).exists() else []:
         if stale.name not in keep:  # shards of an older plan (other shard size, encoder or corpus)
@@ -181,24 +135,35 @@ def finalize_index(cfg: IndexBuildConfig, plan: IndexPlan, shards: list[ShardRef
     return ref
 
 
+def index_parts(cfg: IndexBuildConfig) -> list[str]:
+    """The sub-backends of a composite index (hybrid: its two parts), [] for a single index."""
+    return get_backend(cfg.backend).parts(cfg)
+
+
 def part_config(cfg: IndexBuildConfig, part: str) -> IndexBuildConfig:
-    """The config of one sub-index of a hybrid index."""
-    if part not in BASE_BACKENDS:
-        raise ConfigError(f"hybrid part {part!r} must be one of {', '.join(BASE_BACKENDS)}")
+    """The config of one sub-index of a composite (hybrid) index.
+
+    Raises:
+        ConfigError: when ``part`` is unknown or itself composite.
+    """
+    if part not in INDEX_BACKENDS or get_backend(part).parts(cfg.model_copy(update={"backend": part})):
+        singles = [n for n in INDEX_BACKENDS if not get_backend(n).parts(cfg.model_copy(update={"backend": n}))]
+        raise ConfigError(f"{cfg.backend} part {part!r} must be one of {', '.join(singles)}")
     return cfg.model_copy(update={"backend": part})
 
 
 def finalize_hybrid(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str], parts: list[IndexRef]) -> IndexRef:
-    """Write the manifest of a hybrid index over finished sub-indexes in ``out_dir/<backend>``."""
+    """Write the manifest of a composite (hybrid) index over finished sub-indexes in ``out_dir/<backend>``."""
     out = local_path(out_dir)
+    params = {"parts": [p.backend for p in parts], **get_backend(cfg.backend).build(cfg, out, [])}
     ref = IndexRef(
-        uri=str(out), backend="hybrid", n_passages=parts[0].n_passages, n_source_rows=parts[0].n_source_rows,
+        uri=str(out), backend=cfg.backend, n_passages=parts[0].n_passages, n_source_rows=parts[0].n_source_rows,
         size_bytes=sum(p.size_bytes for p in parts), shards_bytes=sum(p.shards_bytes for p in parts),
         timings={f"{p.backend}.{k}": v for p in parts for k, v in p.timings.items()},
         config_hash=config_hash(cfg), corpus_sha256=parts[0].corpus_sha256,
-        params={"parts": [p.backend for p in parts], "rrf_k": cfg.hybrid.rrf_k, "candidates": cfg.hybrid.candidates},
+        params=params,
     )
-    write_manifest(out, kind="index", backend="hybrid", config=cfg.model_dump(mode="json"),
+    write_manifest(out, kind="index", backend=cfg.backend, config=cfg.model_dump(mode="json"),
                    config_hash=ref.config_hash, corpus=resolve_path(cfg.corpus),
                    corpus_sha256=ref.corpus_sha256, parts=[p.backend for p in parts], ref=ref.model_dump())
     return ref
@@ -222,12 +187,12 @@ def build_index(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str] | None = 
     out = Path(out_dir) if out_dir is not None else default_index_dir(cfg)
     if not force and (ref := existing_index(cfg, out)) is not None:
         return ref
-    if cfg.backend == "hybrid":
-        parts = [build_index(part_config(cfg, p), out / p, force) for p in (cfg.hybrid.first, cfg.hybrid.second)]
+    if part_names := index_parts(cfg):
+        parts = [build_index(part_config(cfg, p), out / p, force) for p in part_names]
         return finalize_hybrid(cfg, out, parts)
     plan = plan_index(cfg, out)
     shards = []
-    if cfg.backend == "dense":
+    if get_backend(cfg.backend).embeds_shards:
         shards = [embed_shard(out, spec, out / SHARDS_DIR, cfg.encoder) for spec in plan.store.shards]
     return finalize_index(cfg, plan, shards)
 
@@ -240,28 +205,13 @@ def load_searcher(index_dir: str | Path) -> Searcher:
     """
     manifest = require_manifest(index_dir, kind="index")
     cfg = IndexBuildConfig.model_validate(manifest["config"])
-    backend = manifest.get("backend")
+    name = manifest.get("backend")
+    if name not in INDEX_BACKENDS:
+        raise ArtifactError(f"{index_dir}/manifest.json has unknown backend {name!r}; rebuild the index (or register "
+                            "the backend in retrieval.index_config.INDEX_BACKENDS)")
     d = local_path(index_dir)
-    if backend == "bm25":
-        from retrieval.bm25 import BM25Searcher
-
-        return BM25Searcher.load(d)
-    if backend == "dense":
-        from retrieval.dense import DenseSearcher
-        from retrieval.encoders import get_encoder
-
-        return DenseSearcher.load(d, cfg.faiss, get_encoder(cfg.encoder))
-    if backend == "colbert":
-        from retrieval.colbert import ColbertSearcher
-
-        return ColbertSearcher.load(d, cfg.colbert)
-    if backend == "hybrid":
-        from retrieval.hybrid import HybridSearcher
-
-        first, second = manifest["parts"]
-        return HybridSearcher(load_searcher(d / first), load_searcher(d / second), cfg.hybrid.rrf_k,
-                              cfg.hybrid.candidates)
-    raise ArtifactError(f"{index_dir}/manifest.json has unknown backend {backend!r}; rebuild the index")
+    parts = [load_searcher(d / p) for p in manifest.get("parts", [])]
+    return get_backend(name).open(d, cfg, parts)
 
 
 def log_index_run(name: str, cfg: IndexBuildConfig, ref: IndexRef, report: Any = None,

@@ -133,7 +133,7 @@ def passages_of(spec: RetrieverSpec) -> dict[str, Any]:
 
         manifest = require_manifest(resolve_path(spec.index), kind="index")
         d = local_path(resolve_path(spec.index))
-        if manifest.get("backend") == "hybrid":  # both parts hold the same passage store
+        if manifest.get("parts"):  # a composite (hybrid) index: every part holds the same passage store
             d = d / manifest["parts"][0]
         return {p.id: p for p in PassageStore(d)}
     return {}

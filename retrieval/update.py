@@ -8,6 +8,7 @@ dense indexes the encoder fingerprint: model, prefixes, normalization, length). 
   fresh passages, which are the only ones encoded; then the faiss index updated in place or rebuilt from the
   stored vectors (``retrieval.update_backends`` says which, per index type);
 - bm25: rebuilt (corpus-wide statistics; cheap, see ``benchmarks/index_update.py``); colbert: Voyager in place;
+  what each backend does is its :class:`retrieval.backends.IndexBackend`'s ``update`` (no per-backend branch here);
 - ``manifest.json`` last, with the usual index fields plus ``update`` (previous index, method, counts: added,
   changed, deleted, unchanged, reused, encoded; how each backend was updated; timings).
 The previous index is only read, so it stays servable throughout; a crash leaves ``out_dir`` without a manifest
@@ -25,15 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.artifacts import MANIFEST, atomic_open, local_path, read_manifest, write_manifest
+from infra.artifacts import MANIFEST, local_path, read_manifest, write_manifest
 from infra.config import StrictModel, config_hash
-from infra.errors import ArtifactError, ConfigError
+from infra.errors import ConfigError
 from infra.paths import resolve_path
 from retrieval import encoders
-from retrieval.dense import SHARDS_DIR, ShardRef, shard_path
+from retrieval.backends import FullRebuild, UpdateInput, get_backend
+from retrieval.dense import SHARDS_DIR, ShardRef
 from retrieval.index import (
     IndexBuildConfig,
     IndexRef,
@@ -41,16 +42,14 @@ from retrieval.index import (
     default_index_dir,
     existing_index,
     finalize_hybrid,
+    index_parts,
     part_config,
 )
 from retrieval.store import PASSAGES, PassageStore, StoreInfo, corpus_passages, write_passages
 from retrieval.types import Passage
-from retrieval.vectors import VectorStore, passage_key
+from retrieval.vectors import passage_key
 
 log = logging.getLogger(__name__)
-
-FAISS_SEARCH_TIME = {"ef_search", "nprobe", "use_gpu"}
-COLBERT_SEARCH_TIME = {"ef_search", "k_token", "batch_size", "chunk_size"}
 
 
 class UpdateCounts(StrictModel):
@@ -122,23 +121,12 @@ def diff_store(previous: PassageStore, passages: Any, fingerprint: str) -> Passa
 
 
 def incompatibility(previous: IndexBuildConfig, cfg: IndexBuildConfig) -> str:
-    """Why ``previous`` cannot be updated into ``cfg`` ('' when it can): backend, encoder or ColBERT parameters
-    changed. Changed faiss parameters are no reason: the stored vectors are reused and the faiss index rebuilt."""
+    """Why ``previous`` cannot be updated into ``cfg`` ('' when it can): the backend changed, or the backend says
+    so (encoder, ColBERT parameters, hybrid parts). Changed faiss parameters are no reason: the stored vectors are
+    reused and the faiss index rebuilt."""
     if previous.backend != cfg.backend:
         return f"backend changed ({previous.backend} -> {cfg.backend})"
-    fingerprints = {encoders.config_fingerprint(c.encoder) for c in (previous, cfg)}
-    if cfg.backend == "dense" and len(fingerprints) > 1:
-        return "encoder changed (model, prefixes, normalization or max length)"
-    if cfg.backend == "colbert":
-        if cfg.colbert.engine != "pylate-voyager":
-            return f"colbert engine {cfg.colbert.engine} has no in-place update; rebuilt"
-        if previous.colbert.model_dump(exclude=COLBERT_SEARCH_TIME) != cfg.colbert.model_dump(
-                exclude=COLBERT_SEARCH_TIME):
-            return "colbert model or index parameters changed"
-    if cfg.backend == "hybrid" and (previous.hybrid.first, previous.hybrid.second) != (cfg.hybrid.first,
-                                                                                       cfg.hybrid.second):
-        return "hybrid parts changed"
-    return ""
+    return get_backend(cfg.backend).incompatibility(previous, cfg)
 
 
 def _dir_bytes(d: Path, exclude: str | None = None) -> int:
@@ -161,9 +149,7 @@ def _full(cfg: IndexBuildConfig, previous: Path, out: Path, reason: str) -> Inde
     counts = UpdateCounts(total=ref.n_passages, added=ref.n_passages)
     if read_manifest(previous) and (previous / PASSAGES).exists() and (out / PASSAGES).exists():
         counts = diff_store(PassageStore(previous), PassageStore(out), "").counts
-    m = read_manifest(out) or {}
-    fresh = sum(s["n"] for s in m.get("shards", []) if not s.get("cached"))
-    encoded = fresh if cfg.backend == "dense" else ref.n_passages if cfg.backend == "colbert" else 0
+    encoded = get_backend(cfg.backend).encoded_by_full_build(out, read_manifest(out) or {})
     counts = counts.model_copy(update={"encoded": encoded, "reused": 0})
     update = IndexUpdate(ref=ref, previous=str(previous), method="full", reason=reason,
                          how=f"{cfg.backend}: full build",
@@ -171,78 +157,33 @@ def _full(cfg: IndexBuildConfig, previous: Path, out: Path, reason: str) -> Inde
     return _annotate(out, update)
 
 
-def _assemble_shards(cfg: IndexBuildConfig, out: Path, info: StoreInfo, diff: PassageDiff, vectors: VectorStore,
-                     encoder: encoders.Encoder | None) -> tuple[list[ShardRef], int]:
-    """Write the new index's shards: stored vectors for kept rows, encoder output for fresh rows only."""
-    store, n_kept, encoded, refs = PassageStore(out), len(diff.kept_rows), 0, []
-    for spec in info.shards:
-        path = shard_path(out / SHARDS_DIR, spec, cfg.encoder)
-        key = path.stem.rsplit("-", 1)[-1]
-        if path.exists():  # written by an earlier, interrupted attempt at the same update
-            arr = np.load(path, mmap_mode="r")
-            refs.append(ShardRef(index=spec.index, path=str(path), key=key, n=arr.shape[0], dim=arr.shape[1],
-                                 seconds=0.0, cached=True))
-            continue
-        parts, seconds = [], 0.0
-        if spec.start < min(spec.stop, n_kept):
-            parts.append(vectors.vectors(diff.kept_rows[spec.start:min(spec.stop, n_kept)]))
-        if (f_start := max(spec.start, n_kept)) < spec.stop:
-            enc = encoder or encoders.get_encoder(cfg.encoder)
-            texts = [p.contents for p in store.rows(f_start, spec.stop)]
-            t0 = time.perf_counter()
-            parts.append(np.asarray(enc.encode(texts, "passage"), dtype=np.float32))
-            seconds, encoded = time.perf_counter() - t0, encoded + len(texts)
-        arr = np.ascontiguousarray(np.concatenate(parts))
-        if arr.shape != (spec.stop - spec.start, vectors.dim):
-            raise ArtifactError(f"shard {spec.index} of {out}: vectors {arr.shape} do not fit "
-                                f"{spec.stop - spec.start} passages of dim {vectors.dim}; rerun with refresh=full")
-        with atomic_open(path, "wb") as fh:
-            np.save(fh, arr)
-        refs.append(ShardRef(index=spec.index, path=str(path), key=key, n=arr.shape[0], dim=arr.shape[1],
-                             seconds=seconds, cached=False))
-    keep = {Path(r.path).name for r in refs}
-    for stale in (out / SHARDS_DIR).glob("*"):
-        if stale.name not in keep:
-            stale.unlink()
-    return refs, encoded
-
-
 def _incremental(cfg: IndexBuildConfig, previous: Path, out: Path, encoder: encoders.Encoder | None,
                  prev_cfg: IndexBuildConfig) -> IndexUpdate:
-    from retrieval import update_backends as ub
     from retrieval.corpus import corpus_fingerprint
 
-    vectors = None
-    if cfg.backend == "dense":
-        vectors, why = VectorStore.open(previous)
-        if vectors is None:
-            return _full(cfg, previous, out, why)
+    backend = get_backend(cfg.backend)
+    try:
+        fingerprint, state = backend.prepare_update(cfg, previous)
+    except FullRebuild as why:
+        return _full(cfg, previous, out, str(why))
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)
     corpus = resolve_path(cfg.corpus)
     sha = corpus_fingerprint(corpus)
-    fingerprint = vectors.fingerprint if vectors else cfg.backend
     diff = diff_store(PassageStore(previous), corpus_passages(corpus, cfg.split_words, cfg.limit), fingerprint)
     if diff.counts.total == 0:
         raise ConfigError(f"corpus {corpus} yielded no passages; check the file and 'limit'")
     info = write_passages([*diff.kept, *diff.fresh], out, cfg.shard_size)
     timings, t1 = {"diff_store_s": time.perf_counter() - t0}, time.perf_counter()
-    shards: list[ShardRef] = []
-    counts = diff.counts
-    if vectors is not None:
-        shards, encoded = _assemble_shards(cfg, out, info, diff, vectors, encoder)
-        timings["embed_s"], t1 = time.perf_counter() - t1, time.perf_counter()
-        same = prev_cfg.faiss.model_dump(exclude=FAISS_SEARCH_TIME) == cfg.faiss.model_dump(exclude=FAISS_SEARCH_TIME)
-        params, how = ub.update_faiss(cfg.faiss, previous, out, diff.removed, shards, len(diff.kept), rebuild=not same)
-        counts = counts.model_copy(update={"encoded": encoded, "reused": len(diff.kept)})
-    elif cfg.backend == "bm25":
-        params, how = ub.rebuild_bm25(out, cfg.bm25.k1, cfg.bm25.b)
-    else:
-        params, how, encoded = ub.update_colbert(cfg.colbert, previous, out, diff.kept_rows, diff.removed)
-        counts = counts.model_copy(update={"encoded": encoded, "reused": len(diff.kept)})
-    timings["index_s"], timings["total_s"] = time.perf_counter() - t1, time.perf_counter() - t0
-    return _finalize(cfg, previous, out, corpus, sha, info, shards, params, counts, how, timings)
+    done = backend.update(UpdateInput(cfg=cfg, previous_cfg=prev_cfg, previous=previous, out=out, store=info,
+                                      kept_rows=diff.kept_rows, removed=diff.removed, state=state, encoder=encoder))
+    counts = diff.counts.model_copy(update={"encoded": done.encoded, "reused": done.reused})
+    if "embed_s" in done.timings:
+        timings["embed_s"] = done.timings["embed_s"]
+    timings["index_s"] = time.perf_counter() - t1 - timings.get("embed_s", 0.0)
+    timings["total_s"] = time.perf_counter() - t0
+    return _finalize(cfg, previous, out, corpus, sha, info, done.shards, done.params, counts, done.how, timings)
 
 
 def _finalize(cfg: IndexBuildConfig, previous: Path, out: Path, corpus: str, sha: str, info: StoreInfo,
@@ -263,8 +204,7 @@ def _finalize(cfg: IndexBuildConfig, previous: Path, out: Path, corpus: str, sha
 
 
 def _hybrid(cfg: IndexBuildConfig, previous: Path, out: Path, encoder: encoders.Encoder | None) -> IndexUpdate:
-    parts = [update_index(part_config(cfg, p), previous / p, out / p, encoder) for p in (cfg.hybrid.first,
-                                                                                       cfg.hybrid.second)]
+    parts = [update_index(part_config(cfg, p), previous / p, out / p, encoder) for p in index_parts(cfg)]
     ref = finalize_hybrid(cfg, out, [u.ref for u in parts])
     first = parts[0].counts
     counts = first.model_copy(update={"reused": sum(u.counts.reused for u in parts),
@@ -312,6 +252,6 @@ def update_index(cfg: IndexBuildConfig, previous_dir: str | os.PathLike[str],
     prev_cfg = IndexBuildConfig.model_validate(m["config"])
     if reason := incompatibility(prev_cfg, cfg):
         return _full(cfg, previous, out, reason)
-    if cfg.backend == "hybrid":
+    if index_parts(cfg):
         return _hybrid(cfg, previous, out, encoder)
     return _incremental(cfg, previous, out, encoder, prev_cfg)

@@ -10,7 +10,8 @@ Per backend (what each can do in place, and what is rebuilt):
 - dense hnsw: faiss HNSW cannot remove vectors, so with deletions/changes it is rebuilt from the stored vectors
   (no encoding); with additions only the new vectors are added in place;
 - dense ivfpq: IVF ``remove_ids`` does not renumber ids, so it is retrained and rebuilt from the stored vectors;
-- bm25: bm25s statistics (idf, average length) are corpus-wide, so the index is rebuilt from the store;
+- bm25: bm25s statistics (idf, average length) are corpus-wide, so the index is rebuilt from the store
+  (``retrieval.backends.BM25Backend``);
 - colbert (PyLate + Voyager): in place: ``remove_documents`` (Voyager ``mark_deleted``) of deleted/changed rows,
   the remaining document ids renumbered to their new rows, and only the fresh passages encoded and added.
 """
@@ -25,12 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from infra.artifacts import read_manifest
+from infra.artifacts import atomic_open, read_manifest
 from infra.errors import ArtifactError
+from retrieval import encoders
 from retrieval.colbert import MODEL_DIR, VOYAGER_NAME, ColbertConfig, _load_pylate
-from retrieval.dense import INDEX_FILE, DenseIndexConfig, ShardRef, build_faiss_index
-from retrieval.store import PassageStore
-from retrieval.vectors import read_rows
+from retrieval.dense import INDEX_FILE, SHARDS_DIR, DenseIndexConfig, ShardRef, build_faiss_index, shard_path
+from retrieval.index_config import IndexBuildConfig
+from retrieval.store import PassageStore, StoreInfo
+from retrieval.vectors import VectorStore, read_rows
 
 
 def _write_faiss(index: Any, path: Path) -> None:
@@ -77,12 +80,41 @@ def update_faiss(cfg: DenseIndexConfig, previous: Path, out: Path, removed: list
     return params, f"faiss {cfg.type}: {why}; rebuilt from stored vectors (no encoding)"
 
 
-def rebuild_bm25(out: Path, k1: float, b: float) -> tuple[dict[str, Any], str]:
-    """Rebuild the BM25 index from the updated store (its statistics are corpus-wide)."""
-    from retrieval.bm25 import BM25Searcher
-
-    BM25Searcher.build(list(PassageStore(out)), k1=k1, b=b).save(out, write_passages=False)
-    return {"k1": k1, "b": b}, "bm25: rebuilt from the store (bm25s statistics are corpus-wide)"
+def assemble_shards(cfg: IndexBuildConfig, out: Path, info: StoreInfo, kept_rows: list[int], vectors: VectorStore,
+                    encoder: encoders.Encoder | None) -> tuple[list[ShardRef], int]:
+    """Write the new index's shards: stored vectors for kept rows, encoder output for fresh rows only; returns the
+    shard refs and the number of passages encoded."""
+    store, n_kept, encoded, refs = PassageStore(out), len(kept_rows), 0, []
+    for spec in info.shards:
+        path = shard_path(out / SHARDS_DIR, spec, cfg.encoder)
+        key = path.stem.rsplit("-", 1)[-1]
+        if path.exists():  # written by an earlier, interrupted attempt at the same update
+            arr = np.load(path, mmap_mode="r")
+            refs.append(ShardRef(index=spec.index, path=str(path), key=key, n=arr.shape[0], dim=arr.shape[1],
+                                 seconds=0.0, cached=True))
+            continue
+        parts, seconds = [], 0.0
+        if spec.start < min(spec.stop, n_kept):
+            parts.append(vectors.vectors(kept_rows[spec.start:min(spec.stop, n_kept)]))
+        if (f_start := max(spec.start, n_kept)) < spec.stop:
+            enc = encoder or encoders.get_encoder(cfg.encoder)
+            texts = [p.contents for p in store.rows(f_start, spec.stop)]
+            t0 = time.perf_counter()
+            parts.append(np.asarray(enc.encode(texts, "passage"), dtype=np.float32))
+            seconds, encoded = time.perf_counter() - t0, encoded + len(texts)
+        arr = np.ascontiguousarray(np.concatenate(parts))
+        if arr.shape != (spec.stop - spec.start, vectors.dim):
+            raise ArtifactError(f"shard {spec.index} of {out}: vectors {arr.shape} do not fit "
+                                f"{spec.stop - spec.start} passages of dim {vectors.dim}; rerun with refresh=full")
+        with atomic_open(path, "wb") as fh:
+            np.save(fh, arr)
+        refs.append(ShardRef(index=spec.index, path=str(path), key=key, n=arr.shape[0], dim=arr.shape[1],
+                             seconds=seconds, cached=False))
+    keep = {Path(r.path).name for r in refs}
+    for stale in (out / SHARDS_DIR).glob("*"):
+        if stale.name not in keep:
+            stale.unlink()
+    return refs, encoded
 
 
 def _renumber(index: Any, new_row_of: dict[str, str]) -> None:

@@ -61,7 +61,7 @@ class VectorStore:
     @classmethod
     def open(cls, index_dir: str | os.PathLike[str]) -> tuple[VectorStore | None, str]:
         """Open the vectors of a finished dense index; returns (store, "") or (None, why not)."""
-        from retrieval.index import IndexBuildConfig
+        from retrieval.index_config import IndexBuildConfig
 
         d = Path(index_dir)
         m = read_manifest(d)

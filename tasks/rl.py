@@ -12,6 +12,7 @@ from prefect.cache_policies import INPUTS
 
 from infra import artifacts
 from infra.registry import RegisteredCheckpoint
+from infra.tracking import child_run
 from tasks.policy import retry_unless_input_error
 from training.refs import CheckpointRef
 from training.rl import heldout
@@ -46,7 +47,7 @@ def prepare_data_task(cfg: RLConfig, out_uri: str) -> RLDataRef:
       retry_delay_seconds=5, timeout_seconds=6 * 3600)
 def warmup_task(cfg: RLConfig, out_uri: str, parent_run: str) -> rl_warmup.WarmupRef:
     """Warm-up data for the preset's protocol + masked SFT -> merged HF folder (skipped when already complete)."""
-    with rl.child_run(parent_run, "warmup") as run:
+    with child_run(parent_run, "warmup") as run:
         ref = rl_warmup.train_rl_warmup(cfg, out_uri, mlflow_run_id=run.info.run_id)
         rl_warmup.log_warmup(ref)
         return ref
@@ -56,7 +57,7 @@ def warmup_task(cfg: RLConfig, out_uri: str, parent_run: str) -> rl_warmup.Warmu
       timeout_seconds=4 * 3600)
 def bucket_data_task(cfg: RLConfig, data: RLDataRef, model: str, out_uri: str, parent_run: str) -> RLDataRef:
     """Rollouts-to-first-correct per question, buckets, ratio mix."""
-    with rl.child_run(parent_run, "difficulty"):
+    with child_run(parent_run, "difficulty"):
         return rl.bucket_data(cfg, data, model, out_uri)
 
 
@@ -66,7 +67,7 @@ def train_stage_task(cfg: RLConfig, stage_index: int, data: RLDataRef, init_mode
                      parent_run: str) -> CheckpointRef:
     """Train one stage (engine from the preset); logs health metrics, the health plot and the stage files."""
     stage = cfg.stages[stage_index]
-    with rl.child_run(parent_run, f"train-{stage.name}", {"stage": stage.model_dump(mode="json")}):
+    with child_run(parent_run, f"train-{stage.name}", {"stage": stage.model_dump(mode="json")}):
         ref = rl.train_rl_stage(cfg, stage, data, init_model, out_uri)
         rl.log_stage(ref)
         return ref
@@ -76,7 +77,7 @@ def train_stage_task(cfg: RLConfig, stage_index: int, data: RLDataRef, init_mode
       timeout_seconds=6 * 3600)
 def evaluate_task(cfg: RLConfig, ckpt: CheckpointRef, out_uri: str, parent_run: str) -> dict:
     """Evaluate the trained policy on the preset's benchmarks; metrics go to the run."""
-    with rl.child_run(parent_run, "evaluate"):
+    with child_run(parent_run, "evaluate"):
         scores = rl.evaluate_rl_checkpoint(cfg, ckpt.uri, out_uri)
         rl.log_scores(scores)
         return scores
@@ -85,7 +86,7 @@ def evaluate_task(cfg: RLConfig, ckpt: CheckpointRef, out_uri: str, parent_run: 
 @task(name="rl-heldout", tags=["gpu"], retries=1, retry_condition_fn=retry_unless_input_error, timeout_seconds=6 * 3600)
 def heldout_task(cfg: RLConfig, model: str, out_uri: str, parent_run: str, label: str) -> str:
     """Greedy held-out rollouts of one policy (``start`` or ``final``) -> per-question rows; means to the run."""
-    with rl.child_run(parent_run, f"heldout-{label}"):
+    with child_run(parent_run, f"heldout-{label}"):
         path = heldout.evaluate_heldout(cfg, model, out_uri)
         heldout.log_heldout(path, label)
         return path
@@ -95,7 +96,7 @@ def heldout_task(cfg: RLConfig, model: str, out_uri: str, parent_run: str, label
 def learning_report_task(cfg: RLConfig, start: str, final: str, ckpts: list[CheckpointRef], data: RLDataRef,
                          root: str, parent_run: str) -> heldout.LearningRef:
     """Paired start-vs-final report, learning curve, evidence folder and plots (also under ``eval.evidence_dir``)."""
-    with rl.child_run(parent_run, "learning-report"):
+    with child_run(parent_run, "learning-report"):
         return heldout.write_learning_report(cfg, start, final, ckpts, data, artifacts.join(root, "evidence"))
 
 
@@ -103,5 +104,5 @@ def learning_report_task(cfg: RLConfig, start: str, final: str, ckpts: list[Chec
       retry_delay_seconds=5, timeout_seconds=1800)
 def register_task(cfg: RLConfig, ckpt: CheckpointRef, parent_run: str) -> RegisteredCheckpoint:
     """Register the final policy as an MLflow model version."""
-    with rl.child_run(parent_run, "register"):
+    with child_run(parent_run, "register"):
         return rl.register_checkpoint(ckpt, f"searchloop-{cfg.name}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 from prefect import task
 
 from infra.registry import RegisteredCheckpoint
+from infra.tracking import child_run
 from tasks.policy import retry_unless_input_error
-from training.rl.stages import child_run
 from training.smartsearch import session
 from training.smartsearch.config import SmartSearchConfig
 from training.smartsearch.endpoint import ServedEndpoint, start_endpoint, stop_endpoint

@@ -54,9 +54,10 @@ def test_every_table_names_something_that_exists() -> None:
     from tasks.dispatch import STEPS
     from training.generation.base import GENERATORS
     from training.protocols.base import PROTOCOLS
-    from training.rl.stages import ENGINES
+    from training.rl.engines import ENGINES
 
-    for table in (PROTOCOLS, STEPS, ENGINES, GENERATORS):
+    engines = {f"{n}.{k}": t for n, e in ENGINES.items() for k, t in (("launch", e.launch), ("stage3", e.stage3)) if t}
+    for table in (PROTOCOLS, STEPS, engines, GENERATORS):
         for target in table.values():
             assert _defines(target), target
 

@@ -44,7 +44,7 @@ def test_every_rendered_key_is_a_verl_key() -> None:
 
 def test_grpo_overrides_match_research_seed() -> None:
     cfg = VerlConfig(algorithm="grpo", n=5, lr=1e-6, kl_coef=0.001, train_batch_size=256, ppo_mini_batch_size=256,
-                     max_prompt_length=512, max_response_length=8192, top_k=5, max_turns=8)
+                     max_prompt_length=512, max_response_length=8192, max_turns=8)
     o = parse_overrides(_render(cfg))
     assert o["algorithm.adv_estimator"] == "grpo"
     assert o["actor_rollout_ref.rollout.n"] == "5"
@@ -75,11 +75,17 @@ def test_reinforce_and_ppo_estimators() -> None:
 
 
 def test_search_tool_config_uses_search_r1_retrieve() -> None:
-    tool = render_search_tool_config("http://127.0.0.1:8000", VerlConfig(top_k=3, retrieval_timeout=12))["tools"][0]
+    tool = render_search_tool_config("http://127.0.0.1:8000", VerlConfig(retrieval_timeout=12), 3)["tools"][0]
     assert tool["class_name"] == "verl.tools.search_tool.SearchTool"
     assert tool["config"]["retrieval_service_url"] == "http://127.0.0.1:8000/retrieve"
     assert tool["config"]["topk"] == 3 and tool["config"]["timeout"] == 12
     assert tool["tool_schema"]["function"]["name"] == "search"
+
+
+def test_verl_top_k_is_refused_with_where_it_moved() -> None:
+    """verl.top_k used to be overwritten silently by the stage's top-k; a preset still setting it is told where."""
+    with pytest.raises(ValueError, match=r"verl.top_k was removed.*stages.<name>.top_k"):
+        VerlConfig(top_k=3)
 
 
 def test_values_with_special_characters_are_quoted() -> None:
@@ -129,3 +135,16 @@ def test_tag_agent_loop_entry_and_completion_cut(smol_tokenizer) -> None:
     assert smol_tokenizer.decode(comp.token_ids).endswith("</search>")
     eos = ids[:3] + [smol_tokenizer.eos_token_id, 5]
     assert _completion(eos, smol_tokenizer, ("</search>",), budget=64).finish_reason == "eos"
+
+
+def test_one_effective_top_k_per_stage() -> None:
+    """``RLConfig.stage_top_k`` is the one reading of documents per search: the stage's, else the preset's."""
+    from infra.config import load_config
+    from training.rl.config import RLConfig
+
+    cfg = load_config(RLConfig, "research_grpo", ["top_k=4", "stages.grpo.top_k=2"])
+    assert cfg.stage_top_k(cfg.stages[0]) == 2 and cfg.eval_top_k() == 2
+    cfg = load_config(RLConfig, "research_grpo", ["top_k=4", "stages.grpo.top_k=null", "eval.top_k=6"])
+    assert cfg.stage_top_k(cfg.stages[0]) == 4 and cfg.eval_top_k() == 6
+    tool = render_search_tool_config("http://x", cfg.stages[0].verl, cfg.stage_top_k(cfg.stages[0]))["tools"][0]
+    assert tool["config"]["topk"] == 4

@@ -18,6 +18,7 @@ from training.generation.spec import GeneratorSpec
 from training.protocols.base import ProtocolName
 from training.rewards.adapters import RewardName
 from training.rl.data import DifficultyConfig
+from training.rl.engines import ENGINES, EngineName
 from training.rl.health import HealthConfig
 from training.rl.trl_engine import TRLSearchConfig
 from training.rl.verl.config import VerlConfig
@@ -91,7 +92,8 @@ class RLConfig(StrictModel):
     """An RL fine-tuning experiment."""
 
     name: str = Field(description="Experiment/preset name (MLflow run name prefix, registered model name).")
-    engine: Literal["trl", "verl"] = Field(description="trl: one machine; verl: GPU workers (subprocess).")
+    engine: EngineName = Field(  # type: ignore[valid-type]
+        description="A name in training.rl.engines.ENGINES: trl (one machine), verl (GPU workers, subprocess).")
     model: str = Field(description="Initial policy: HF folder, or a name under the model cache.")
     init: InitSpec = Field(
         default_factory=InitSpec, description="Steps that make the initial policy from `model` (warm-up SFT).")
@@ -122,12 +124,23 @@ class RLConfig(StrictModel):
             data = {**data, "stages": [{"name": k, **(v or {})} for k, v in data["stages"].items()]}
         return data
 
+    def stage_top_k(self, stage: StageSpec) -> int:
+        """Documents per search in ``stage``: the stage's ``top_k``, else the preset's (the one place this is
+        decided; rollouts, warm-up, verl's tool and agent loop all read it)."""
+        return stage.top_k or self.top_k
+
+    def eval_top_k(self) -> int:
+        """Documents per search at evaluation: ``eval.top_k``, else the last stage's."""
+        return self.eval.top_k or self.stage_top_k(self.stages[-1])
+
     @model_validator(mode="after")
     def _engine_settings(self) -> RLConfig:
         errors = []
-        missing = [s.name for s in self.stages if getattr(s, self.engine) is None]
+        engine = ENGINES.get(self.engine)  # None: already reported by the field check
+        section = engine.settings if engine else None
+        missing = [s.name for s in self.stages if section and getattr(s, section, None) is None]
         if missing:
-            errors.append(f"engine={self.engine} but stage(s) {missing} have no `{self.engine}:` section")
+            errors.append(f"engine={self.engine} but stage(s) {missing} have no `{section}:` section")
         by_stage = [s.name for s in self.stages if s.question_stage is not None]
         if by_stage and self.difficulty is not None:
             errors.append(f"stage(s) {by_stage} pick their questions by metadata.stage and `difficulty` re-buckets "
@@ -136,9 +149,9 @@ class RLConfig(StrictModel):
             errors.append("eval.offset is read by the held-out comparison only: set eval.compare_start=true")
         if self.eval.compare_start and not self.eval.benchmarks:
             errors.append("eval.compare_start needs eval.benchmarks (the held-out questions)")
-        if self.engine == "verl" and not self.retrieval.url:
-            errors.append("engine=verl searches from its GPU workers over HTTP: set retrieval.url (start one with "
-                          "`searchloop serve retriever --index <dir>`)")
+        if engine and engine.remote_search and not self.retrieval.url:
+            errors.append(f"engine={self.engine} searches from its GPU workers over HTTP: set retrieval.url (start "
+                          "one with `searchloop serve retriever --index <dir>`)")
         if errors:
             raise ValueError("; ".join(errors))
         return self

@@ -49,7 +49,7 @@ def eval_config(cfg: Any, model: str) -> Any:
 
     stage = cfg.stages[-1]
     retriever = RetrieverSpec(corpus=[cfg.eval.corpus]) if cfg.eval.corpus else cfg.retrieval
-    rollout = RolloutConfig(temperature=0.0, best_of=1, top_k=cfg.eval.top_k or stage.top_k or cfg.top_k,
+    rollout = RolloutConfig(temperature=0.0, best_of=1, top_k=cfg.eval_top_k(),
                             max_turns=stage.max_turns, max_total_tokens=cfg.eval.max_new_tokens)
     generator = cfg.eval.generator.model_copy(update={"model": model})
     return AgentEvalConfig(protocol=cfg.protocol, generator=generator, retriever=retriever, rollout=rollout,

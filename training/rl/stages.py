@@ -1,6 +1,6 @@
 """RL launchers: ``train_rl_stage`` runs one stage with the preset's engine and returns a :class:`CheckpointRef`.
 
-Engines are named in :data:`ENGINES` (dotted strings, imported only when chosen):
+Engines are named in :data:`training.rl.engines.ENGINES` (dotted strings, imported only when chosen):
 
 * ``trl`` (:func:`train_stage_trl`, here): GRPO with search in the loop on one machine (``training.rl.trl_engine``),
   health monitors as a callback, rollouts dumped as trajectory records, final policy saved as an HF folder.
@@ -21,15 +21,15 @@ from typing import Any
 from infra import artifacts
 from infra.config import config_hash
 from infra.registry import RegisteredCheckpoint
+from infra.tracking import child_run
 from retrieval.open import open_searcher
 from training.generation.spec import open_generator
 from training.refs import CheckpointRef
 from training.rl.config import RLConfig, StageSpec, resolve_model
 from training.rl.data import RLDataRef, train_split
+from training.rl.engines import get_engine
 
 log = logging.getLogger(__name__)
-
-ENGINES = {"trl": "training.rl.stages:train_stage_trl", "verl": "training.rl.verl.launch:train_stage_verl"}
 
 
 def experiment_root(cfg: RLConfig) -> str:
@@ -55,13 +55,13 @@ def finished_stage(out_uri: str) -> CheckpointRef | None:
 
 def train_rl_stage(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model: str, out_uri: str) -> CheckpointRef:
     """Train one stage with ``cfg.engine`` from ``init_model``; resume inside ``out_uri`` if it was started."""
-    from infra.lazy import pick
+    from infra.lazy import load_object
 
     done = finished_stage(out_uri)
     if done is not None:
         log.info("stage %s already finished at %s", stage.name, out_uri)
         return done
-    return pick(ENGINES, cfg.engine, "RL engine")(cfg, stage, data, init_model, out_uri)
+    return load_object(get_engine(cfg.engine).launch)(cfg, stage, data, init_model, out_uri)
 
 
 def _last_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
@@ -92,7 +92,7 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
     out = artifacts.local_path(out_uri)
     model_path = resolve_model(init_model)
     tok = load_tokenizer(model_path)
-    protocol = load_protocol(cfg.protocol, top_k=stage.top_k or cfg.top_k, max_turns=stage.max_turns,
+    protocol = load_protocol(cfg.protocol, top_k=cfg.stage_top_k(stage), max_turns=stage.max_turns,
                              template=cfg.template)
     rows = prompt_rows(protocol, trl_rows(read_parquet(data.split_uri(train_split(stage, data)))), tok)
     sink: list = []
@@ -199,7 +199,7 @@ def _policy_rollouts(cfg: RLConfig, model: str, questions: list[Any], n: int, te
     from training.protocols.base import load_protocol
 
     stage = cfg.stages[0]
-    protocol = load_protocol(cfg.protocol, top_k=stage.top_k or cfg.top_k, max_turns=stage.max_turns,
+    protocol = load_protocol(cfg.protocol, top_k=cfg.stage_top_k(stage), max_turns=stage.max_turns,
                              template=cfg.template)
     gen = open_generator(cfg.eval.generator.model_copy(update={"model": resolve_model(model)}))
     rcfg = RolloutConfig(n=n, temperature=temperature, best_of=1, max_total_tokens=max_tokens, seed=0)
@@ -268,7 +268,7 @@ def prepare_data(cfg: RLConfig, out_uri: str, train: list[Any] | None = None) ->
     if cfg.data.val:
         splits["val"] = load(cfg.data.val, cfg.data.val_limit)
     system = getattr(load_protocol(cfg.protocol), "system_template", None)
-    tool = "search" if cfg.engine == "verl" else None
+    tool = get_engine(cfg.engine).tool_name
     return prepare_rl_data(splits, out_uri, default_messages(system), tool_name=tool,
                            sources={"train": cfg.data.train, "val": cfg.data.val}, protocol=cfg.protocol,
                            config_hash=config_hash(cfg))
@@ -294,22 +294,6 @@ def bucket_data(cfg: RLConfig, data: RLDataRef, model: str, out_uri: str) -> RLD
     artifacts.write_json(artifacts.join(out_uri, "buckets.json"),
                          {b: [q.id for q in qs] for b, qs in buckets.items()})
     return prepare_data(cfg, out_uri, train=mixed)
-
-
-def child_run(parent_run_id: str | None, name: str, params: dict[str, Any] | None = None) -> Any:
-    """Start an MLflow run nested under ``parent_run_id`` (a context manager yielding the run)."""
-    import mlflow
-
-    from infra import links
-    from infra.tracking import configure, log_params
-
-    configure()
-    tags = {**links.link_tags(), **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
-    run = mlflow.start_run(run_name=name, tags=tags, nested=mlflow.active_run() is not None)
-    links.announce_run(run.info.run_id, run.info.experiment_id, name)
-    if params:
-        log_params(params)
-    return run
 
 
 def open_parent_run(cfg: RLConfig) -> str:

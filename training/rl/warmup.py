@@ -24,6 +24,7 @@ from pydantic import Field
 
 from infra import artifacts
 from infra.config import StrictModel
+from training.rl.engines import get_engine
 from training.sft.config import WarmupConfig
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class WarmupRef(StrictModel):
 def protocol_kwargs(cfg: Any) -> dict[str, Any]:
     """The first stage's protocol settings: identical to ``training.rl.stages.train_stage_trl``'s rollouts."""
     stage = cfg.stages[0]
-    return {"top_k": stage.top_k or cfg.top_k, "max_turns": stage.max_turns, "template": cfg.template}
+    return {"top_k": cfg.stage_top_k(stage), "max_turns": stage.max_turns, "template": cfg.template}
 
 
 def warmup_root(cfg: Any) -> str:
@@ -99,7 +100,7 @@ def rollout_budget(cfg: Any) -> tuple[int, int] | None:
     """(tokens per generation step, generated tokens per trajectory) of the first stage's TRL rollouts; None when
     ``init.fit_rollout_budget`` is off or the engine is verl."""
     trl = cfg.stages[0].trl
-    if not cfg.init.fit_rollout_budget or cfg.engine != "trl" or trl is None:
+    if not cfg.init.fit_rollout_budget or not get_engine(cfg.engine).local_rollouts or trl is None:
         return None
     return trl.max_tokens_per_turn, trl.max_completion_length
 

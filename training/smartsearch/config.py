@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from infra.config import StrictModel
 from retrieval.open import RetrieverSpec
 from training.refs import QuestionSource
+from training.rl.engines import ENGINES, EngineName
 from training.rl.trl_engine import TRLSearchConfig
 from training.rl.verl.config import VerlConfig
 from training.sft.config import SFTConfig, WarmupConfig
@@ -154,7 +155,8 @@ class Stage3Spec(StrictModel):
     """Stage 3, query-aware GRPO: the SmartSearch reward with the judge, refinement branches in each group."""
 
     questions: list[QuestionSource] = Field(description="Training questions.")
-    engine: Literal["trl", "verl"] = Field(default="trl", description="trl: this machine; verl: GPU workers.")
+    engine: EngineName = Field(  # type: ignore[valid-type]
+        default="trl", description="A name in training.rl.engines.ENGINES: trl (this machine), verl (GPU workers).")
     max_turns: int = Field(default=5, ge=1, description="Generation passes per trajectory (seed 5).")
     branch: bool = Field(default=True, description="Refinement branches inside each group (the seed's rollout).")
     max_length_diff: int = Field(default=50, ge=1, description="Skip a refined prefix whose token length differs "
@@ -165,8 +167,9 @@ class Stage3Spec(StrictModel):
 
     @model_validator(mode="after")
     def _engine_settings(self) -> Stage3Spec:
-        if getattr(self, self.engine) is None:
-            raise ValueError(f"stage3.engine={self.engine} needs a `stage3.{self.engine}:` section")
+        section = ENGINES[self.engine].settings
+        if section and getattr(self, section, None) is None:
+            raise ValueError(f"stage3.engine={self.engine} needs a `stage3.{section}:` section")
         return self
 
 

@@ -42,13 +42,20 @@ def run_stage3(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, 
     done = finished(out_uri)
     if done is not None:
         return done
-    if cfg.stage3.engine == "verl":
-        return _run_verl(cfg, init_model, out_uri)
-    return _run_trl(cfg, judge, refiner, searcher, init_model, out_uri)
+    from infra.errors import ConfigError
+    from infra.lazy import load_object
+    from training.rl.engines import get_engine
+
+    launch = get_engine(cfg.stage3.engine).stage3
+    if launch is None:
+        raise ConfigError(f"engine {cfg.stage3.engine!r} has no SmartSearch stage-3 launcher (its `stage3` entry in "
+                          "training.rl.engines.ENGINES); choose trl or verl")
+    return load_object(launch)(cfg, judge, refiner, searcher, init_model, out_uri)
 
 
-def _run_trl(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, init_model: str,
-             out_uri: str) -> StageResult:
+def run_trl(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, init_model: str,
+            out_uri: str) -> StageResult:
+    """Stage 3 with TRL on this machine: refinement branches in each group, the judge in the reward."""
     from training.agent.records import write_trajectories
     from training.agent.rollout import RolloutConfig
     from training.generation.models import load_tokenizer
@@ -123,7 +130,7 @@ def verl_loop_entry(cfg: SmartSearchConfig, rl_cfg: Any) -> dict[str, Any]:
         raise ValueError("verl needs the retriever service: set retrieval.url")
     spec = LoopSpec(endpoint=cfg.endpoint, judge=cfg.judge, refiner=cfg.refiner, branch=cfg.stage3.branch,
                     judge_reward=cfg.stage3.judge_reward, max_length_diff=cfg.stage3.max_length_diff)
-    return smartsearch_loop_entry(rl_cfg.protocol, vcfg.top_k, stage.max_turns, rl_cfg.template,
+    return smartsearch_loop_entry(rl_cfg.protocol, rl_cfg.stage_top_k(stage), stage.max_turns, rl_cfg.template,
                                   rl_cfg.retrieval.url, vcfg.max_tokens_per_turn, spec)
 
 
@@ -140,7 +147,9 @@ def render_verl_command(cfg: SmartSearchConfig, init_model: str, out: Path) -> l
     return cmd
 
 
-def _run_verl(cfg: SmartSearchConfig, init_model: str, out_uri: str) -> StageResult:
+def run_verl(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, init_model: str,
+             out_uri: str) -> StageResult:
+    """Stage 3 on verl's GPU workers (judge and refiner are reached from the agent loop, not passed in)."""
     from training.rl.stages import prepare_data
     from training.rl.verl.launch import train_stage_verl
 

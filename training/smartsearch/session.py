@@ -51,7 +51,7 @@ def open_parent_run(cfg: SmartSearchConfig) -> str:
     """The curriculum's parent MLflow run (params = the preset, secrets excluded); returns its id."""
     import mlflow
 
-    from training.rl.stages import child_run
+    from infra.tracking import child_run
 
     with child_run(None, f"smartsearch-{cfg.name}", cfg.model_dump(mode="json", exclude={"endpoint": {"api_key_env"}})
                    ) as run:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from infra.config import StrictModel
 
@@ -64,7 +64,19 @@ VERL_KEYS = frozenset({
 
 
 class VerlConfig(StrictModel):
-    """The verl settings a preset chooses; everything else keeps verl's defaults."""
+    """The verl settings a preset chooses; everything else keeps verl's defaults.
+
+    Documents per search are not a verl setting: the stage's ``top_k`` (else the preset's) is read everywhere
+    through ``RLConfig.stage_top_k``.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "top_k" in data:
+            raise ValueError("verl.top_k was removed (it was overwritten by the stage's top-k): set documents per "
+                             "search with the stage's `top_k` (stages.<name>.top_k) or the preset's `top_k`")
+        return data
 
     algorithm: Algorithm = Field(default="grpo", description="grpo, reinforce_pp (REINFORCE++ w/ baseline) or ppo.")
     n: int = Field(default=5, ge=1, description="Rollouts per prompt (GRPO group size).")
@@ -83,7 +95,6 @@ class VerlConfig(StrictModel):
     max_prompt_length: int = Field(default=512, ge=16, description="Prompt token budget.")
     max_response_length: int = Field(default=8192, ge=16, description="Whole multi-turn response budget (tokens).")
     max_turns: int = Field(default=5, ge=1, description="Max assistant turns (search rounds + answer).")
-    top_k: int = Field(default=5, ge=1, description="Documents per search.")
     max_tool_response_length: int = Field(default=512, ge=16, description="Token cap on one tool response.")
     max_tokens_per_turn: int | None = Field(
         default=None, ge=8, description="New tokens per step of the tag agent loop (None = the protocol's default: "
@@ -120,14 +131,15 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def render_search_tool_config(retrieval_url: str, cfg: VerlConfig) -> dict[str, Any]:
-    """verl tool config (YAML body) for its ``SearchTool`` posting Search-R1 ``/retrieve`` to our service."""
+def render_search_tool_config(retrieval_url: str, cfg: VerlConfig, top_k: int) -> dict[str, Any]:
+    """verl tool config (YAML body) for its ``SearchTool`` posting Search-R1 ``/retrieve`` to our service, asking
+    for ``top_k`` documents per search (the stage's, ``RLConfig.stage_top_k``)."""
     url = retrieval_url.rstrip("/")
     if not url.endswith("/retrieve"):
         url += "/retrieve"
     return {"tools": [{
         "class_name": "verl.tools.search_tool.SearchTool",
-        "config": {"retrieval_service_url": url, "topk": cfg.top_k, "timeout": cfg.retrieval_timeout,
+        "config": {"retrieval_service_url": url, "topk": top_k, "timeout": cfg.retrieval_timeout,
                    "num_workers": cfg.retrieval_workers, "rate_limit": cfg.retrieval_workers, "type": "native"},
         "tool_schema": {"type": "function", "function": {
             "name": "search",

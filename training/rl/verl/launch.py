@@ -43,10 +43,10 @@ class VerlRunError(SearchloopError):
 
 
 def stage_verl_config(cfg: RLConfig, stage: StageSpec) -> VerlConfig:
-    """The stage's verl settings with the stage's max turns / top-k applied."""
+    """The stage's verl settings with the stage's max turns applied (top-k: ``cfg.stage_top_k(stage)``)."""
     if stage.verl is None:
         raise ValueError(f"stage {stage.name!r} has no verl settings")
-    update: dict[str, Any] = {"top_k": stage.top_k or cfg.top_k}
+    update: dict[str, Any] = {}
     if stage.max_turns:
         update["max_turns"] = stage.max_turns
     return stage.verl.model_copy(update=update)
@@ -63,9 +63,10 @@ def build_command(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model: 
     if not cfg.retrieval.url:
         raise ValueError("verl needs the retriever service: set retrieval.url")
     tool_path = out / "search_tool.yaml"
-    artifacts.write_text(str(tool_path), yaml.safe_dump(render_search_tool_config(cfg.retrieval.url, vcfg)))
+    artifacts.write_text(str(tool_path), yaml.safe_dump(render_search_tool_config(cfg.retrieval.url, vcfg,
+                                                                                         cfg.stage_top_k(stage))))
     loop_path = out / "agent_loop.yaml"
-    entry = loop_entry or agent_loop_entry(cfg.protocol, vcfg.top_k, stage.max_turns, cfg.template,
+    entry = loop_entry or agent_loop_entry(cfg.protocol, cfg.stage_top_k(stage), stage.max_turns, cfg.template,
                                            cfg.retrieval.url, vcfg.max_tokens_per_turn)
     artifacts.write_text(str(loop_path), yaml.safe_dump([entry]))
     val = data.split_uri("val") if "val" in data.splits else data.split_uri("train")
