@@ -40,3 +40,21 @@ def fix_mmap_threshold(threshold: int = DEFAULT_THRESHOLD) -> bool:
         _applied = threshold
         log.debug("glibc mmap threshold fixed at %d bytes", threshold)
     return ok
+
+
+def peak_rss() -> dict[str, float]:
+    """Peak resident memory so far, in GB: this process (``self``) and its largest waited-for child (``children``:
+    LLaMA-Factory, a verl or vLLM worker). Linux reports ``ru_maxrss`` in KiB."""
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale
+    return {"self": own / 1e9, "children": kids / 1e9}
+
+
+def peak_rss_line() -> str:
+    """One line for the end of a flow: ``peak RSS: 4.21 GB (largest child process 2.03 GB)``."""
+    peak = peak_rss()
+    child = f" (largest child process {peak['children']:.2f} GB)" if peak["children"] > 0.01 else ""
+    return f"peak RSS: {peak['self']:.2f} GB{child}"

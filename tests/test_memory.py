@@ -41,3 +41,18 @@ def test_fixed_mmap_threshold_returns_freed_blocks_to_the_os() -> None:
         freed[mode] = int(out.stdout.strip())
     assert freed["fixed"] > 300 << 20, freed  # all 320 MiB went back to the OS
     assert freed["dynamic"] < freed["fixed"], freed
+
+
+def test_peak_rss_reports_this_process_and_children() -> None:
+    import subprocess
+    import sys
+
+    from infra.memory import peak_rss, peak_rss_line
+
+    before = peak_rss()
+    assert 0.01 < before["self"] < 64  # GB: a Python process with pytest loaded, read as GB not KiB or bytes
+    subprocess.run([sys.executable, "-c", "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"],
+                   check=True)
+    after = peak_rss()
+    assert after["children"] >= 0.3  # the child's 300 MiB touched
+    assert peak_rss_line().startswith("peak RSS: ") and "largest child process" in peak_rss_line()

@@ -97,7 +97,12 @@ def flow_command(flow: str, example: str, run: Callable[[Any, str, tuple[str, ..
     ) -> None:
         cfg = prepare(flow, preset, overrides, dry_run)
         if cfg is not None:
-            run(cfg, preset, tuple(overrides or ()))
+            from infra.memory import peak_rss_line
+
+            try:
+                run(cfg, preset, tuple(overrides or ()))
+            finally:  # memory targets are read off every flow's end (docs/STATUS.md, issue 26)
+                typer.echo(peak_rss_line())
 
     command.__doc__ = doc
     command.__name__ = flow.replace("-", "_")
