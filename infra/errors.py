@@ -17,3 +17,7 @@ class DataError(SearchloopError, ValueError):
 
 class ArtifactError(SearchloopError):
     """An artifact directory is missing, incomplete (no manifest) or inconsistent."""
+
+
+class StoppedError(SearchloopError):
+    """A run stopped on purpose (a training-health alarm or the start-policy gate fired): retrying cannot help."""

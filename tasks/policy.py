@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.errors import ConfigError, DataError
+from infra.errors import ConfigError, DataError, StoppedError
 
-NOT_RETRIED = (ConfigError, DataError, IsADirectoryError, NotADirectoryError)
+NOT_RETRIED = (ConfigError, DataError, StoppedError, IsADirectoryError, NotADirectoryError)
 
 
 def retry_unless_input_error(task: Any, task_run: Any, state: Any) -> bool:

@@ -89,6 +89,8 @@ def heldout_task(cfg: RLConfig, model: str, out_uri: str, parent_run: str, label
     with child_run(parent_run, f"heldout-{label}"):
         path = heldout.evaluate_heldout(cfg, model, out_uri)
         heldout.log_heldout(path, label)
+        if label == "start":
+            heldout.check_start_policy(cfg, path)  # warns, or stops before RL (eval.start_gate)
         return path
 
 

@@ -61,6 +61,13 @@ class EvalSpec(StrictModel):
     compare_start: bool = Field(
         default=False, description="Also evaluate the policy RL starts from (after warm-up) on the same questions "
         "with the same greedy settings, and write the paired before/after comparison (training.rl.heldout).")
+    start_min_format_ok: float | None = Field(
+        default=0.9, ge=0, le=1, description="With compare_start: the share of held-out questions the start policy "
+        "must answer in the protocol's format; RL teaches answers, not format, so a warm-up below it is reported "
+        "(MLflow tag health.alarm.start_format) and, with start_gate=stop, RL does not start. None: no check.")
+    start_gate: Literal["warn", "stop"] = Field(
+        default="warn", description="What a start policy under start_min_format_ok does: warn, or stop the run "
+        "before any RL step.")
     curve_every: int | None = Field(
         default=None, ge=1, description="Every N optimizer steps (and at step 0), score the live policy greedily on "
         "curve_questions held-out questions: the held-out learning curve (MLflow heldout_curve/*, curve.png).")

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import Field
 
 from infra.config import StrictModel
-from infra.errors import SearchloopError
+from infra.errors import StoppedError
 from training.agent.alarms import Alarm, AlarmConfig, AnswerObs, copied_share, evidence_alarms, window_alarms
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
-class TrainingHealthError(SearchloopError):
+class TrainingHealthError(StoppedError):
     """Training was stopped by a health check; the message names the metric, the step and the kept checkpoint."""
 
 

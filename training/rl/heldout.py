@@ -249,3 +249,30 @@ def heldout_curve_callback(cfg: Any, out_dir: str) -> Any:
                 self._score(state.global_step, kwargs["model"], kwargs["processing_class"])
 
     return HeldoutCurve()
+
+
+def check_start_policy(cfg: Any, path: str) -> str | None:
+    """The start-policy gate (``eval.start_min_format_ok``): None when the policy RL starts from answers in the
+    protocol's format on enough held-out questions, else the reason; tagged on the active MLflow run, and raised
+    as ``TrainingHealthError`` before any RL step when ``eval.start_gate`` is ``stop``."""
+    from infra.tracking import set_tags
+    from training.rl.health import TrainingHealthError
+
+    floor = cfg.eval.start_min_format_ok
+    rows = artifacts.read_jsonl(path)
+    if floor is None or not rows:
+        return None
+    rate = sum(float(r.get("format_ok") or 0) for r in rows) / len(rows)
+    if rate >= floor:
+        return None
+    reason = (f"start policy format-ok on {rate:.0%} of {len(rows)} held-out questions, under "
+              f"eval.start_min_format_ok={floor:.0%}: RL would spend its updates on format, not answers. Solve "
+              f"format in warm-up (more init.warmup.sft steps or rows), or set eval.start_min_format_ok=null")
+    import mlflow
+
+    if mlflow.active_run() is not None:  # a library call without a run only logs (set_tags would start a run)
+        set_tags({"health.alarm.start_format": reason})
+    if cfg.eval.start_gate == "stop":
+        raise TrainingHealthError(f"RL not started: {reason}")
+    log.warning("%s", reason)
+    return reason
