@@ -40,7 +40,7 @@ def test_tag_agent_loop_reports_finished_and_searches() -> None:
 
 
 @pytest.mark.parametrize(("protocol", "cap"), [("research", 8192), ("searchr1", 512), ("r1searcher", 512),
-                                               ("smartsearch", 512), ("exsearch", 512)])
+                                               ("smartsearch", 4096), ("exsearch", 512)])
 def test_per_step_cap_defaults(protocol: str, cap: int) -> None:
     assert step_cap(RolloutConfig(max_total_tokens=8192), load_protocol(protocol)) == cap
     assert step_cap(RolloutConfig(max_total_tokens=8192, max_tokens_per_turn=64), load_protocol(protocol)) == 64
