@@ -79,7 +79,11 @@ class EndpointClient:
         if self.mode == "completions" and tokenizer is None:
             from training.generation.models import load_tokenizer
 
-            self.tokenizer = load_tokenizer(spec.tokenizer or spec.serve_model or spec.model)
+            name = spec.tokenizer or spec.serve_model or spec.model
+            if not name:
+                raise ValueError("endpoint.mode=completions renders the chat template locally: set endpoint.tokenizer "
+                                 "(or endpoint.model) to the judge model's tokenizer, or use endpoint.mode=chat")
+            self.tokenizer = load_tokenizer(name)
         self._model: str | None = spec.served_name() if spec.served else spec.model
         self._model_lock = threading.Lock()
         self.calls = 0
