@@ -128,7 +128,7 @@ class LoopSpec(StrictModel):
 
     @model_validator(mode="after")
     def _reachable(self) -> LoopSpec:
-        if not self.endpoint.base_url:
+        if not self.endpoint.base_url and "model" in (self.judge.kind, self.refiner.kind):
             raise ValueError("verl's agent loop needs endpoint.base_url (a judge server the GPU workers reach); "
                              "endpoint.serve_model only starts a server on the flow's machine")
         return self

@@ -91,7 +91,7 @@ def judge_pair(spec: LoopSpec) -> tuple[Any, tuple[Any, Any]]:
             from training.smartsearch.endpoint import EndpointClient
             from training.smartsearch.judge import make_judge
 
-            client = EndpointClient(spec.endpoint)
+            client = EndpointClient(spec.endpoint) if spec.endpoint.base_url else None  # rule judge + refiner
             _JUDGES[key] = (make_judge(spec.judge, client), (client, spec.refiner))
         return _JUDGES[key]
 
