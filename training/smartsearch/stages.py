@@ -246,6 +246,7 @@ def run_stage2(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, 
         "refined": sum(r.refined_query is not None for r in refinements),
         "refine_failed": sum(r.refined_query is None for r in refinements), "regenerations": len(regens),
         "correct_regenerations": sum(s.f1 >= s2.min_f1 for s in r_scored),
+        **{f"{k}_regenerations": v for k, v in _verdict_counts(regen_verdicts).items()},
         **{f"pairs_{k}": v for k, v in pair_counts(pairs).items()}, "pairs": len(pairs),
         "endpoint_failed_calls": client.failures if client is not None else 0}
     del gen
