@@ -87,6 +87,7 @@ def judge_url():
 def micro(url: str) -> list[str]:
     return [
         f"endpoint.base_url={url}", "endpoint.serve_model=null", "endpoint.mode=chat", "judge.response_prefix=",
+        "judge.kind=model", "refiner.kind=model",  # the scripted LLM judge/refiner, not the demo's rule stand-ins
         "refiner.response_prefix=", "stage1.questions=[{path: data/train/hotpotqa_train_mini.jsonl, limit: 2}]",
         "stage1.sampling.n=1", "stage1.sampling.max_total_tokens=48", "stage1.sampling.max_tokens_per_turn=24",
         "stage1.teacher.decomposition_files=[{path: data/train/hotpotqa_train_mini.jsonl, limit: 4}]",

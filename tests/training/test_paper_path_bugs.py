@@ -40,7 +40,7 @@ def test_tag_agent_loop_reports_finished_and_searches() -> None:
 
 
 @pytest.mark.parametrize(("protocol", "cap"), [("research", 8192), ("searchr1", 512), ("r1searcher", 512),
-                                               ("smartsearch", 512), ("exsearch", 512)])
+                                               ("smartsearch", 4096), ("exsearch", 512)])
 def test_per_step_cap_defaults(protocol: str, cap: int) -> None:
     assert step_cap(RolloutConfig(max_total_tokens=8192), load_protocol(protocol)) == cap
     assert step_cap(RolloutConfig(max_total_tokens=8192, max_tokens_per_turn=64), load_protocol(protocol)) == 64
@@ -88,3 +88,13 @@ def test_rollout_dump_counts_searches_per_protocol(tmp_path, protocol: str) -> N
     (tmp_path / "3.jsonl").write_bytes(orjson.dumps(tool))
     (traj,) = convert_rollout_dumps(tmp_path, protocol, agent_loop="tool_agent")
     assert traj.n_searches == 1 and traj.finish_reason == "eos"
+
+
+def test_trl_per_step_cap_can_be_turned_off() -> None:
+    """ReSearch's seed has no per-step cap; ``stage.trl.max_tokens_per_turn: null`` leaves the protocol's (none for
+    ReSearch: the whole remaining budget per step)."""
+    from training.rl.trl_engine import TRLSearchConfig
+
+    tcfg = TRLSearchConfig(max_tokens_per_turn=None, max_completion_length=256)
+    rollout = RolloutConfig(max_tokens_per_turn=tcfg.max_tokens_per_turn, max_total_tokens=tcfg.max_completion_length)
+    assert step_cap(rollout, load_protocol("research")) == 256

@@ -75,7 +75,17 @@ def test_smartsearch_query_needs_paired_tags_and_result_format() -> None:
     assert smartsearch.extract_query("<search> a </search> <search> b </search>") == "b"
     assert smartsearch.extract_query("<search> a <search> b </search>") is None
     proto = smartsearch.SmartSearchProtocol()
-    hits = [Hit(id="1", title="A", text="x", score=1.0)]
-    assert proto.result_text("q", hits) == '<result>result: \n"A"\nx\n\n</result>\n'
+    hits = [Hit(id="1", title="A", text="x", score=1.0), Hit(id="2", title="B", text="y", score=0.5)]
+    # the seed: f"<result>{ret_str.strip()}\n</result>\n" with ret_str = f"result: \n{docs}\n": ONE newline
+    assert proto.result_text("q", hits) == '<result>result: \n"A"\nx\n\n"B"\ny\n</result>\n'
     assert proto.result_text("q", []) == "<result>\n</result>\n"
     assert proto.max_turns == 5
+
+
+def test_smartsearch_step_cap_is_min_4096_remaining() -> None:
+    """The seed asks vLLM for min(4096, remaining) tokens per step; a 600-token step must not end as "length"."""
+    from training.agent.rollout import RolloutConfig, step_cap
+
+    proto = smartsearch.SmartSearchProtocol()
+    assert proto.default_max_tokens_per_turn == 4096
+    assert step_cap(RolloutConfig(max_tokens_per_turn=None, max_total_tokens=8192), proto) == 4096

@@ -171,3 +171,50 @@ def test_evaluate_heldout_writes_rows_once(tmp_path) -> None:
     assert artifacts.read_manifest(str(tmp_path / "start"))["count"] == 2
     mtime = Path(path).stat().st_mtime_ns
     assert evaluate_heldout(cfg, "smollm2", str(tmp_path / "start")) == path and Path(path).stat().st_mtime_ns == mtime
+
+
+def test_r1searcher_rows_carry_token_cover_em_and_judged_accuracy(monkeypatch) -> None:
+    """R1-Searcher's CEM is token cover ("France, Paris" covers "Paris France"; FlashRAG's substring acc does not),
+    and with a judge endpoint configured the RL evaluation reports ACC_L (R1-Searcher's True/False prompt); both
+    reach the summary's fields."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from training.rl.heldout import heldout_fields
+
+    seen: list[dict] = []
+
+    class Judge(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            verdict = "True" if "France, Paris" in body["messages"][-1]["content"] else "False"
+            data = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": verdict}}]})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data.encode())
+
+    cfg = load_config(RLConfig, "r1searcher_learn_cpu")
+    trajs = [_traj("1", "x", "France, Paris", ["Paris France"], True, 1),
+             _traj("2", "x", "Lyon", ["Paris France"], True, 1)]
+    monkeypatch.delenv("SEARCHLOOP_JUDGE_BASE_URL", raising=False)
+    rows = heldout_rows(cfg, trajs, _Tok())
+    assert [r["cover_em"] for r in rows] == [0.0, 0.0] and [r["cem"] for r in rows] == [1.0, 0.0]
+    assert "acc_l" not in rows[0] and "cem" in heldout_fields(rows) and "acc_l" not in heldout_fields(rows)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("SEARCHLOOP_JUDGE_BASE_URL", f"http://127.0.0.1:{server.server_address[1]}/v1")
+        monkeypatch.setenv("SEARCHLOOP_JUDGE_MODEL", "judge-m")
+        rows = heldout_rows(cfg, trajs, _Tok())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [r["acc_l"] for r in rows] == [1.0, 0.0] and len(seen) == 2 and seen[0]["model"] == "judge-m"
+    assert heldout_fields(rows)[-1] == "acc_l"

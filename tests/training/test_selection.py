@@ -143,3 +143,22 @@ def test_every_question_carries_the_same_total_weight(method: str) -> None:
         assert totals["q4"] == pytest.approx(4.0) and totals["q2"] == pytest.approx(4.0), totals
     with pytest.raises(ConfigError, match="samples_per_question"):
         select_weights(data, SelectionConfig(), samples_per_question=0)
+
+
+def test_trajectories_with_more_than_two_empty_facts_are_dropped() -> None:
+    """The released ExSearch entropy step drops trajectories with more than 2 ``<FACT> \\n<QUERY>`` patterns."""
+    from training.em.selection import count_empty_facts
+
+    empty = [{"role": "user", "content": "<FACT> \n"}, {"role": "assistant", "content": "<QUERY> a"},
+             *[{"role": "assistant", "content": "<FACT> \n<QUERY> b"}] * 3]
+    assert count_empty_facts(empty) == 3  # user turns do not count
+    assert count_empty_facts([{"role": "assistant", "content": "<FACT> Paris\n<QUERY> c"}]) == 0
+    items = [Scored(question_id="q", trajectory_id=f"t{i}", sum_logprob=-float(i + 1), n_tokens=3, empty_facts=e)
+             for i, e in enumerate([0, 2, 3])]
+    out, stats = select_weights(items, SelectionConfig())
+    assert sorted(w.trajectory_id for w in out) == ["t0", "t1"] and stats.dropped_empty_facts == 1
+    assert stats.n_trajectories == 3
+    out, stats = select_weights(items, SelectionConfig(max_empty_facts=None))
+    assert len(out) == 3 and stats.dropped_empty_facts == 0
+    out, stats = select_weights(items, SelectionConfig(method="exsearch_released_buggy"))
+    assert len(out) == 2 and stats.dropped_empty_facts == 1

@@ -116,7 +116,7 @@ def test_unreachable_endpoint_is_a_failed_call_not_an_exception() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused")
 
-    spec = EndpointSpec(base_url="http://judge.test/v1", retries=2)
+    spec = EndpointSpec(base_url="http://judge.test/v1", model="j", retries=2)
     client = EndpointClient(spec, transport=httpx.MockTransport(refuse))
     [reply] = client.complete(["hello"])
     assert reply.text == "" and "ConnectError" in reply.error and client.failures == 1
@@ -134,7 +134,7 @@ def test_read_timeout_is_a_failed_call_without_resend() -> None:
         seen.append(1)
         raise httpx.ReadTimeout("slow judge")
 
-    client = EndpointClient(EndpointSpec(base_url="http://judge.test/v1", retries=3),
+    client = EndpointClient(EndpointSpec(base_url="http://judge.test/v1", model="j", retries=3),
                             transport=httpx.MockTransport(slow))
     [reply] = client.complete(["hello"])
     assert "ReadTimeout" in reply.error and len(seen) == 1 and client.failures == 1

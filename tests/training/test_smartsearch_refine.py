@@ -13,7 +13,7 @@ from evaluation.benchmarks import Question
 from retrieval.types import Hit
 from training.agent.rollout import RolloutConfig, run_rollouts
 from training.protocols.base import load_protocol
-from training.smartsearch.branches import plan_branches
+from training.smartsearch.branches import fill_groups
 from training.smartsearch.config import EndpointSpec, RefinerSpec
 from training.smartsearch.endpoint import EndpointClient
 from training.smartsearch.judge import RoundVerdict
@@ -97,31 +97,55 @@ def test_branch_length_skip(original, smol_tokenizer) -> None:
 def test_refiner_reply_parsing_and_batched_refinement(original) -> None:
     assert parse_refined_query("<search>  a   b </search><explanation>x</explanation>") == "a b"
     assert parse_refined_query("<search> </search>") is None and parse_refined_query("no tags") is None
-    assert parse_refined_query("<search> Ed Wood director\nmore text") == "Ed Wood director"  # cut by the limit
+    # the seed reads <search>(.*?)</search> with DOTALL: a query over several lines is one query
+    assert parse_refined_query("<search>\nEd Wood\ndirector\n</search>") == "Ed Wood director"
+    assert parse_refined_query("<search> Ed Wood director") == "Ed Wood director"  # cut by the </search> stop
     seen = []
 
     def server(request: httpx.Request) -> httpx.Response:
-        prompt = json.loads(request.content)["messages"][0]["content"]
-        seen.append(prompt)
+        body = json.loads(request.content)
+        seen.append(body["messages"][0]["content"])
+        assert body["stop"] == ["</search>"] and body["max_tokens"] == 2048  # the seed's refiner request
         return httpx.Response(200, json={"choices": [{"message": {"content": "<search> director of Ed Wood film "
                                                                               "</search>"}}]})
 
-    client = EndpointClient(EndpointSpec(base_url="http://r.test/v1"), transport=httpx.MockTransport(server))
+    client = EndpointClient(EndpointSpec(base_url="http://r.test/v1", model="m"), transport=httpx.MockTransport(server))
     verdicts = [[RoundVerdict(question_id="q1", round=0, verdict=1, low_quality=False),
                  RoundVerdict(question_id="q1", round=1, verdict=0, explanation="trains are unrelated",
                               redundancy=2, low_quality=True)]]
     [r] = refine_rounds(client, RefinerSpec(), [original], verdicts, max_redundancy=1)
     assert (r.round, r.original_query, r.refined_query) == (1, "bad query", "director of Ed Wood film")
     assert "trains are unrelated" in r.issues and "repeats documents" in r.issues
-    assert "<search> bad query </search>" in seen[0] and "Unrelated text" not in seen[0]  # result not shown
+    # the seed's refiner sees the round's result (the judged prefix) and is told not to rely on it
+    assert "<search> bad query </search>" in seen[0] and "Unrelated text about trains." in seen[0]
+    assert seen[0].rstrip().split("Issues found")[0].rstrip().endswith("</result>")
 
 
-def test_plan_branches_cycles_prefixes_and_fills_on_policy() -> None:
-    from types import SimpleNamespace
+def test_fill_groups_mixes_like_the_seed() -> None:
+    """n = 8 with a kept prefix every round: 4 on-policy samples and 4 branches, each branch continuing a DIFFERENT
+    on-policy sample (the seed's generate_sequences loop), in the order on-policy, its branch, ...; a question with
+    no usable prefix is filled on-policy; an odd size is cut at n."""
+    from pydantic import BaseModel
 
-    a, b = SimpleNamespace(question_id="a"), SimpleNamespace(question_id="b")
-    todo, fill = plan_branches([a, b], {"a": ["pa0", "pa1"]}, {"a": 4, "b": 3})
-    assert todo == ["pa0", "pa1", "pa0"] and fill == {"b": 2}
+    class T(BaseModel):
+        question_id: str
+        sample: int = 0
+        parent: int | None = None
+
+    def sample(qids: list[str]) -> list[T]:
+        return [T(question_id=q) for q in qids]
+
+    def branch(originals: list[T]) -> list[T]:
+        return [T(question_id=o.question_id, parent=o.sample) for o in originals if o.question_id != "none"]
+
+    pool = fill_groups({"a": 8, "none": 3, "odd": 5}, sample, branch)
+    a = pool["a"]
+    assert [t.parent is None for t in a] == [True, False] * 4
+    assert [t.parent for t in a if t.parent is not None] == [0, 2, 4, 6]  # each from a different on-policy sample
+    assert [t.sample for t in a if t.parent is None] == [0, 2, 4, 6]
+    assert all(t.sample >= 1000 for t in a if t.parent is not None)
+    assert [t.parent for t in pool["none"]] == [None, None, None]
+    assert len(pool["odd"]) == 5 and sum(t.parent is None for t in pool["odd"]) == 3
 
 
 def test_a_copied_format_example_or_unchanged_query_is_a_failed_refinement(original) -> None:
@@ -143,7 +167,7 @@ def test_a_copied_format_example_or_unchanged_query_is_a_failed_refinement(origi
     def server(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"choices": [{"message": {"content": next(replies)}}]})
 
-    client = EndpointClient(EndpointSpec(base_url="http://r.test/v1", concurrency=1),
+    client = EndpointClient(EndpointSpec(base_url="http://r.test/v1", model="m", concurrency=1),
                             transport=httpx.MockTransport(server))
     low = [[RoundVerdict(question_id="q1", round=1, verdict=0, low_quality=True)]]
     for reason in ("copies the template's format example", "unchanged"):

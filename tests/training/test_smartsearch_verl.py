@@ -52,38 +52,43 @@ def test_reward_redundancy_still_counts_with_verdicts() -> None:
     assert _score(text, ["Tim Burton"], round_useful=[1, 1], max_redundancy=3)["bad_rounds"] == 0
 
 
-def test_coordinator_leader_cycles_prefixes_and_cleans_up() -> None:
+def test_coordinator_pairs_each_branch_with_its_own_leader_and_cleans_up() -> None:
+    """The seed's group mix on verl: even ranks sample on-policy, rank 2k + 1 continues leader 2k's FIRST kept
+    prefix, so n = 8 gives 4 on-policy samples and up to 4 branches, each from a different on-policy sample."""
     async def main() -> tuple[list[object], int, int]:
         coord = GroupCoordinator()
-        members = [coord.join("g") for _ in range(5)]
-        assert [m.rank for m in members] == [0, 1, 2, 3, 4] and members[0].leader
-        assert coord.size(members[0]) == 5
-        waiting = [asyncio.create_task(coord.prefix_for(m)) for m in members[1:]]
+        members = [coord.join("g") for _ in range(8)]
+        assert [m.leader for m in members] == [True, False] * 4
+        assert all(coord.has_follower(m) for m in members[::2])
+        waiting = [asyncio.create_task(coord.prefix_for(m)) for m in members[1::2]]
         await asyncio.sleep(0)
-        assert not any(t.done() for t in waiting)  # followers wait for the leader
-        coord.publish(members[0], ["p0", "p1"])
+        assert not any(t.done() for t in waiting)  # followers wait for their leader
+        for k, leader in enumerate(members[::2]):
+            coord.publish(leader, [f"p{k}-first", f"p{k}-second"] if k != 2 else [])
         got = await asyncio.gather(*waiting)
         return got, len(coord), coord.join("g").rank
 
     got, left, rank_after = asyncio.run(main())
-    assert got == ["p0", "p1", "p0", "p1"]  # copy j takes kept (j - 1) mod len(kept)
+    assert got == ["p0-first", "p1-first", None, "p3-first"]  # leader 2 kept nothing: its follower is on-policy
     assert left == 0 and rank_after == 0  # the group is dropped; the same key later starts a new group
 
 
-def test_coordinator_fills_on_policy_and_separates_groups() -> None:
-    async def main() -> tuple[list[object], list[object], int]:
+def test_coordinator_separates_groups_and_odd_sizes() -> None:
+    async def main() -> tuple[list[object], list[object], int, bool]:
         coord = GroupCoordinator()
         a = [coord.join("a") for _ in range(3)]
         b = [coord.join("b") for _ in range(2)]
-        tasks_a = [asyncio.create_task(coord.prefix_for(m)) for m in a[1:]]
-        tasks_b = [asyncio.create_task(coord.prefix_for(m)) for m in b[1:]]
+        tasks_a = [asyncio.create_task(coord.prefix_for(a[1]))]
+        tasks_b = [asyncio.create_task(coord.prefix_for(b[1]))]
+        lone = coord.has_follower(a[2])  # the last copy of an odd group has nobody to branch for it
         coord.publish(b[0], ["b-prefix"])
-        coord.publish(a[0], [])  # nothing kept (or the leader failed): followers sample on-policy
+        coord.publish(a[0], [])  # nothing kept (or the leader failed): its follower samples on-policy
         coord.publish(a[0], ["late"])  # idempotent: a second publish changes nothing
-        return await asyncio.gather(*tasks_a), await asyncio.gather(*tasks_b), len(coord)
+        coord.publish(a[2], [])
+        return await asyncio.gather(*tasks_a), await asyncio.gather(*tasks_b), len(coord), lone
 
-    got_a, got_b, left = asyncio.run(main())
-    assert got_a == [None, None] and got_b == ["b-prefix"] and left == 0
+    got_a, got_b, left, lone = asyncio.run(main())
+    assert got_a == [None] and got_b == ["b-prefix"] and left == 0 and lone is False
 
 
 def test_coordinator_single_copy_and_roles() -> None:
@@ -123,7 +128,7 @@ def test_keep_refined_skips_long_prefixes_and_failed_refinements() -> None:
             return {"input_ids": list(range(len(text.split())))}
 
     class Refiner:
-        def complete(self, prompts: list[str], *args: object) -> list[Reply]:
+        def complete(self, prompts: list[str], *args: object, **kwargs: object) -> list[Reply]:
             return [Reply("<search> better query </search>"), Reply("no tag"),
                     Reply("<search> " + "very " * 80 + "long </search>")][: len(prompts)]
 

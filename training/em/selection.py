@@ -15,6 +15,10 @@ Methods (``SelectionConfig.method``):
   (``Weighted.prob``); the micro-batch weights are computed by
   ``training.sft.weighted.exsearch_released_microbatch_weights`` inside ``WeightedTrainer``.
 
+Before any weighting, trajectories with more than ``max_empty_facts`` (default 2) empty ``<FACT>`` steps are dropped
+and counted (``SelectionStats.dropped_empty_facts``), as the released entropy step drops those with more than two
+``<FACT> \n<QUERY>`` patterns (:func:`count_empty_facts`); ``max_empty_facts: null`` keeps them.
+
 Degenerate groups are dropped and counted (``SelectionStats.dropped``): every score non-finite; a single sample
 (``drop_single``; its weight would be 1 whatever the model thinks); all scores equal (``drop_all_equal``; weights
 carry no preference); no reward (``reward``); no correct trajectory (``rejection``). Non-finite members of an
@@ -30,6 +34,7 @@ A uniform full group is exactly plain SFT on that group.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Literal
@@ -59,6 +64,9 @@ class SelectionConfig(StrictModel):
     correct_threshold: float = Field(
         default=1.0, ge=0, le=1, description="`rejection`: a trajectory is correct when its `correct` score >= this."
     )
+    max_empty_facts: int | None = Field(
+        default=2, ge=0, description="Drop trajectories with more empty <FACT> steps than this (the released "
+        "ExSearch entropy step: more than 2); None keeps them.")
 
 
 class Scored(BaseModel):
@@ -72,6 +80,7 @@ class Scored(BaseModel):
     n_tokens: int = Field(ge=0, description="Number of supervised tokens scored.")
     f1: float = Field(default=0.0, ge=0, le=1, description="Token F1 of the trajectory's own predicted answer.")
     correct: float = Field(default=0.0, ge=0, le=1, description="Correctness score (EM / cover-EM) of the prediction.")
+    empty_facts: int = Field(default=0, ge=0, description="Empty <FACT> steps of the trajectory (count_empty_facts).")
 
     @property
     def mean_logprob(self) -> float:
@@ -103,6 +112,16 @@ class SelectionStats(BaseModel):
     dropped: dict[str, int] = Field(description="Dropped groups by reason.")
     dropped_members: int = Field(description="Non-finite trajectories dropped from otherwise valid groups.")
     mean_ess: float = Field(description="Mean effective sample size 1/sum(w^2) over kept groups (NaN if none).")
+    dropped_empty_facts: int = Field(default=0, description="Trajectories dropped for too many empty <FACT>s.")
+
+
+_EMPTY_FACT = re.compile(r"<FACT>[ \t]*(?:\n|$)")
+
+
+def count_empty_facts(messages: Sequence[dict]) -> int:
+    """Empty ``<FACT>`` steps in a trajectory's assistant turns: ``<FACT>`` followed only by spaces up to the line
+    end (the released pattern ``<FACT> \n<QUERY>``, and a fact left empty at the end of a turn)."""
+    return sum(len(_EMPTY_FACT.findall(str(m.get("content", "")))) for m in messages if m.get("role") == "assistant")
 
 
 def softmax(values: Sequence[float], temperature: float = 1.0) -> list[float]:
@@ -154,12 +173,17 @@ def select_weights(
         (selected trajectories with weights, statistics including dropped-group counts).
     """
     items = list(scored)
+    n_in = len(items)
+    if cfg.max_empty_facts is not None:
+        items = [t for t in items if t.empty_facts <= cfg.max_empty_facts]
+    empty_dropped = n_in - len(items)
     seen = Counter(t.trajectory_id for t in items)
     dupes = [k for k, n in seen.items() if n > 1]
     if dupes:
         raise ConfigError(f"duplicate trajectory ids in selection input: {dupes[:5]}; ids must be unique")
     if cfg.method == "exsearch_released_buggy":
-        return _released(items)
+        out, stats = _released(items)
+        return out, stats.model_copy(update={"dropped_empty_facts": empty_dropped, "n_trajectories": n_in})
     groups: dict[str, list[Scored]] = defaultdict(list)
     for t in items:
         groups[t.question_id].append(t)
@@ -189,9 +213,9 @@ def select_weights(
             for t, w in zip(members, ws, strict=True)
         )
     stats = SelectionStats(
-        method=cfg.method, n_trajectories=len(items), n_questions=len(groups), n_groups_kept=len(ess),
+        method=cfg.method, n_trajectories=n_in, n_questions=len(groups), n_groups_kept=len(ess),
         n_selected=len(out), dropped=dict(dropped), dropped_members=dropped_members,
-        mean_ess=sum(ess) / len(ess) if ess else float("nan"),
+        mean_ess=sum(ess) / len(ess) if ess else float("nan"), dropped_empty_facts=empty_dropped,
     )
     return out, stats
 

@@ -167,13 +167,14 @@ def score_stage(cfg: EMLoopConfig, model_path: str, traj_dir: str, out_dir: str 
 def select_stage(cfg: EMLoopConfig, scores_path: str, out_dir: str | Path) -> SelectRef:
     """E-step weights; writes the weighted training file (gold answer substituted), weights and histogram."""
     from training.em.scoring import with_gold_answer
-    from training.em.selection import Scored, select_weights, weight_histogram
+    from training.em.selection import Scored, count_empty_facts, select_weights, weight_histogram
 
     def body(out: Path) -> dict[str, Any]:
         rows = {r["trajectory_id"]: r for r in artifacts.read_jsonl(scores_path)}
         scored = [Scored(question_id=r["question_id"], trajectory_id=r["trajectory_id"],
                          sum_logprob=float("nan") if r["sum_logprob"] is None else r["sum_logprob"],
-                         n_tokens=r["n_tokens"], f1=r["f1"], correct=r["correct"]) for r in rows.values()]
+                         n_tokens=r["n_tokens"], f1=r["f1"], correct=r["correct"],
+                         empty_facts=count_empty_facts(r.get("messages") or [])) for r in rows.values()]
         selected, stats = select_weights(scored, cfg.selection, samples_per_question=cfg.sampling.rollout.n)
         train = []
         for w in selected:

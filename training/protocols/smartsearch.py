@@ -1,9 +1,10 @@
 """SmartSearch protocol (RUC-NLPIR/SmartSearch): the ReSearch instruct template with a ``<think>`` generation prefix,
-results inserted as ``<result>result: \\n{docs}\\n\\n</result>\\n``, at most 5 turns.
+results inserted as ``<result>result: \\n{docs}\\n</result>\\n``, at most 5 turns, each step capped at
+min(4096, remaining budget).
 
-The seed's rollout builds ``ret = f"result: \\n{result}\\n"`` and inserts ``f"<result>{ret}\\n</result>\\n"``,
-so there is a blank line before ``</result>`` (the notes abbreviate it as ``\\n</result>``); an empty result
-gives ``<result>\\n</result>\\n``.
+The seed's rollout builds ``ret_str = f"result: \\n{result}\\n"``, returns ``ret_str.strip()`` and inserts
+``f"<result>{response}\\n</result>\\n"``: one newline before ``</result>``; an empty result gives
+``<result>\\n</result>\\n``. Its generation steps ask vLLM for ``min(4096, remaining)`` tokens.
 
 - Prompt: the ReSearch system prompt (the seed's ``re_call_template_sys`` is essentially the same text; it keeps
   exactly three ``<think>`` so the seed's reward finds the response at the fourth) through the chat template, and
@@ -72,7 +73,7 @@ class SmartSearchProtocol(ReSearchProtocol):
     name = "smartsearch"
     default_top_k = 5
     default_max_turns = 5
-    default_max_tokens_per_turn = 512
+    default_max_tokens_per_turn = 4096  # the seed: max_tokens = min(4096, remaining response budget)
     system_template = SYSTEM_TEMPLATE
 
     def build_prompt(self, question: str, tokenizer: Any | None = None) -> str:
@@ -98,8 +99,8 @@ class SmartSearchProtocol(ReSearchProtocol):
 
     def result_text(self, query: str, hits: list[Hit]) -> str:
         """``<result>result: \\n{docs}\\n</result>\\n``; an empty result gives ``<result>\\n</result>\\n``."""
-        docs = self.format_docs(hits)
-        body = f"result: \n{docs}\n" if docs else ""
+        docs = self.format_docs(hits).strip()
+        body = f"result: \n{docs}" if docs else ""
         return f"<result>{body}\n</result>\n"
 
     # The module's pure functions are the protocol's parsers and validator (importable without an instance).

@@ -8,7 +8,11 @@ evidence folder) does the work; this module supplies the RL side:
   ``eval.corpus``;
 - ``reward``: the last stage's own reward computed by the very function TRL trains with
   (``training.rewards.adapters.trl_reward_func``: the same response text and token ids, so ReSearch's EOS check
-  applies), and F1 / EM / cover-EM under the preset's normalization (R1-Searcher's own rule for R1-Searcher);
+  applies), and F1 / EM / cover-EM under the preset's normalization (R1-Searcher's own rule for R1-Searcher):
+  ``cover_em`` is FlashRAG's ``acc`` (a gold is a substring of the prediction), ``cem`` is R1-Searcher's token
+  cover-EM (every gold token in the prediction's tokens, any order: "France, Paris" covers "Paris France");
+- ``acc_l``: LLM-judged accuracy (``evaluation.judge``; R1-Searcher's True/False prompt for R1-Searcher, ReSearch's
+  JSON prompt otherwise) when a judge endpoint is configured (``SEARCHLOOP_JUDGE_BASE_URL`` ...); absent otherwise;
 - :func:`heldout_curve_callback`: the live policy scored on an even spread of held-out questions during training;
 - :func:`write_learning_report`: the learning curve (per-step training health + the held-out curve) and the paired
   start-vs-final report, evidence folder and MLflow artifacts (``training.agent.heldout.report_learning``).
@@ -28,7 +32,30 @@ from infra.config import StrictModel
 
 log = logging.getLogger(__name__)
 
-METRICS = ("reward", "f1", "em", "cover_em", "format_ok", "n_searches")
+METRICS = ("reward", "f1", "em", "cover_em", "cem", "format_ok", "n_searches")
+
+
+def heldout_fields(*row_sets: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The summary's fields: :data:`METRICS` present in every row, plus ``acc_l`` when every row has a verdict."""
+    rows = [r for rs in row_sets for r in rs]
+    fields = tuple(f for f in METRICS if all(f in r for r in rows))
+    if rows and all(isinstance(r.get("acc_l"), (int, float)) for r in rows):
+        fields += ("acc_l",)
+    return fields
+
+
+def judged_accuracy(protocol: str, trajectories: list[Any]) -> list[float | None] | None:
+    """ACC_L per trajectory (1/0, None for a failed call), or None when no judge endpoint is configured."""
+    from evaluation.judge import JudgeItem, judge_answers, judge_config_from_env
+
+    config = judge_config_from_env("r1searcher" if protocol == "r1searcher" else "research")
+    if config is None:
+        return None
+    items = [JudgeItem(question=t.question, golden_answers=list(t.golden_answers), prediction=t.final_answer or "")
+             for t in trajectories]
+    result = judge_answers(items, config)
+    log.info("held-out ACC_L: %s", result.message)
+    return None if result.skipped else result.scores
 
 
 class LearningRef(StrictModel):
@@ -67,7 +94,7 @@ def heldout_questions(cfg: Any) -> list[Any]:
     return out
 
 
-def heldout_rows(cfg: Any, trajectories: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
+def heldout_rows(cfg: Any, trajectories: list[Any], tokenizer: Any, judge: bool = True) -> list[dict[str, Any]]:
     """Evidence rows (``training.agent.heldout.heldout_row`` fields) with the last stage's TRL reward and the
     preset's answer normalization."""
     from evaluation.metrics import answer_metrics
@@ -79,10 +106,14 @@ def heldout_rows(cfg: Any, trajectories: list[Any], tokenizer: Any) -> list[dict
                     golden_answers=[t.golden_answers for t in trajectories],
                     question=[t.question for t in trajectories],
                     completion_ids=[list(t.token_ids) for t in trajectories])
+    acc_l = judged_accuracy(cfg.protocol, trajectories) if judge else None
     rows = []
-    for t, r in zip(trajectories, scores, strict=True):
+    for i, (t, r) in enumerate(zip(trajectories, scores, strict=True)):
         m = answer_metrics(t.final_answer, t.golden_answers, cfg.eval.normalization)
-        rows.append({**heldout_row(t, r), "f1": m["f1"], "em": m["em"], "cover_em": m["acc"]})
+        row = {**heldout_row(t, r), "f1": m["f1"], "em": m["em"], "cover_em": m["acc"], "cem": m["cem"]}
+        if acc_l is not None:
+            row["acc_l"] = acc_l[i]
+        rows.append(row)
     return rows
 
 
@@ -108,9 +139,10 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     rows = heldout_rows(cfg, trajs, load_tokenizer(resolve_model(model)))
     write_trajectories(trajs, artifacts.join(out_uri, "trajectories"), protocol=cfg.protocol)
     artifacts.write_jsonl(path, rows)
-    artifacts.write_manifest(out_uri, kind="rl_heldout", model=model, count=len(rows), means=means(rows),
-                             seconds=seconds)
-    log.info("held-out %s: %d questions in %.0f s, %s", model, len(rows), seconds, means(rows))
+    artifacts.write_manifest(out_uri, kind="rl_heldout", model=model, count=len(rows),
+                             means=means(rows, heldout_fields(rows)), seconds=seconds)
+    log.info("held-out %s: %d questions in %.0f s, %s", model, len(rows), seconds,
+             means(rows, heldout_fields(rows)))
     return path
 
 
@@ -119,7 +151,8 @@ def log_heldout(path: str, label: str) -> None:
     from infra.tracking import log_artifact, log_metrics
     from training.agent.heldout import means
 
-    log_metrics({f"heldout/{label}/{k}": v for k, v in means(artifacts.read_jsonl(path)).items()})
+    rows = artifacts.read_jsonl(path)
+    log_metrics({f"heldout/{label}/{k}": v for k, v in means(rows, heldout_fields(rows)).items()})
     log_artifact(artifacts.local_path(path), "heldout")
 
 
@@ -169,9 +202,10 @@ def write_learning_report(cfg: Any, start: str, final: str, ckpts: list[Any], da
     trained = [Alarm(**a) for p in alarm_files if p.exists() for a in artifacts.read_json(str(p))]
     start_meta = artifacts.read_manifest(str(Path(artifacts.local_path(start)).parent)) or {}
     final_meta = artifacts.read_manifest(str(Path(artifacts.local_path(final)).parent)) or {}
+    start_rows, final_rows = artifacts.read_jsonl(start), artifacts.read_jsonl(final)
     summary = report_learning(
-        cfg.name, artifacts.read_jsonl(start), artifacts.read_jsonl(final), training_ids(cfg, data),
-        artifacts.local_path(out_uri), curve=learning_curve(ckpts), x="step",
+        cfg.name, start_rows, final_rows, training_ids(cfg, data), fields=heldout_fields(start_rows, final_rows),
+        out_dir=artifacts.local_path(out_uri), curve=learning_curve(ckpts), x="step",
         evidence_dir=str(REPO_ROOT / cfg.eval.evidence_dir) if cfg.eval.evidence_dir else None,
         mlflow_run_id=run.info.run_id if run else None, alarm_config=cfg.health, alarm_window=cfg.health.window,
         training_alarms=trained,
@@ -230,7 +264,7 @@ def heldout_curve_callback(cfg: Any, out_dir: str) -> Any:
                                          tokenizer)
             finally:
                 model.train(was_training)
-            rows = heldout_rows(cfg, trajs, tokenizer)
+            rows = heldout_rows(cfg, trajs, tokenizer, judge=False)
             point = {"step": float(step), **means(rows, METRICS), **answer_stats(rows)}
             self.points.append(point)
             log.info("held-out curve at step %d: %s", step, point)

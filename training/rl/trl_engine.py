@@ -101,7 +101,9 @@ class TRLSearchConfig(StrictModel):
     scale_rewards: Literal["group", "batch", "none"] = Field(default="group", description="Advantage scaling.")
     max_steps: int = Field(default=10, ge=1, description="Optimizer steps.")
     max_completion_length: int = Field(default=512, ge=8, description="Generated-token budget per trajectory.")
-    max_tokens_per_turn: int = Field(default=128, ge=1, description="New tokens per generation step of a rollout.")
+    max_tokens_per_turn: int | None = Field(
+        default=128, ge=1, description="New tokens per generation step of a rollout; None = no per-step cap of "
+        "ours: the protocol's (ReSearch, like its seed: none, each step may use the whole remaining budget).")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature of rollouts.")
     save_steps: int = Field(default=5, ge=1, description="Checkpoint every N steps (resume picks the latest).")
     save_total_limit: int = Field(default=2, ge=1, description="Checkpoints kept.")

@@ -102,7 +102,7 @@ def rollout_budget(cfg: Any) -> tuple[int, int] | None:
     trl = cfg.stages[0].trl
     if not cfg.init.fit_rollout_budget or not get_engine(cfg.engine).local_rollouts or trl is None:
         return None
-    return trl.max_tokens_per_turn, trl.max_completion_length
+    return trl.max_tokens_per_turn or trl.max_completion_length, trl.max_completion_length
 
 
 def fit_rollout_budget(rows: list[dict[str, Any]], tokenizer: Any, per_step: int,

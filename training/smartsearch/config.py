@@ -21,17 +21,33 @@ from training.sft.config import SFTConfig, WarmupConfig
 
 class EndpointSpec(StrictModel):
     """An OpenAI-compatible endpoint for the judge and the refiner: a URL, or our generation server started by the
-    flow over ``serve_model`` (stopped when the flow ends)."""
+    flow over ``serve_model`` (stopped when the flow ends).
+
+    Any server, its own format: in ``chat`` mode (the default for a URL) the server applies *its* chat template to
+    the messages and the request names *its* model (``model: null`` asks ``GET /models``), with the judge's and the
+    refiner's reply budgets (the seed: 2048 tokens each) and, for Qwen3-style servers, the seed's non-thinking
+    switch (``enable_thinking: false`` -> ``chat_template_kwargs``). ``completions`` mode (the default when the flow
+    serves its own small model) renders our local tokenizer's template plus a response prefix."""
 
     base_url: str | None = Field(default=None, description="OpenAI-compatible base URL ending in /v1 (vLLM, ours).")
-    model: str = Field(default="smollm2", description="Model name the server serves (the `model` request field).")
+    model: str | None = Field(
+        default=None, description="Model name the server serves (the `model` request field); None = the first id "
+        "of the server's GET /models (a served model is started under `serve_model`'s folder name).")
     serve_model: str | None = Field(
         default=None, description="Start our generation server over this model (name/folder) when base_url is None.")
     api_key_env: str | None = Field(
         default=None, description="Environment variable holding the bearer token (the token never enters records).")
-    mode: Literal["chat", "completions"] = Field(
-        default="chat", description="chat: messages; completions: the prompt rendered with `tokenizer`'s chat "
-        "template + the response prefix (lets small judges start right at the verdict).")
+    mode: Literal["auto", "chat", "completions"] = Field(
+        default="auto", description="chat: messages, the server's own chat template; completions: the prompt "
+        "rendered with `tokenizer`'s chat template + the response prefix (lets small judges start right at the "
+        "verdict); auto: completions when the flow serves its own model (serve_model, no base_url), chat otherwise.")
+    enable_thinking: bool | None = Field(
+        default=None, description="Qwen3-style thinking switch, sent as chat_template_kwargs.enable_thinking "
+        "(false = the seed's non-thinking judge/refiner, which it forces with an empty <think></think>); None = "
+        "not sent (servers that reject unknown fields).")
+    serve_max_tokens: int | None = Field(
+        default=None, ge=1, description="Reply cap used only while the flow serves its own model (a 135M judge "
+        "needs a few tokens; 2048 on CPU take minutes); None = the judge's/refiner's max_tokens.")
     tokenizer: str | None = Field(
         default=None, description="Local model/tokenizer for completions mode (default: serve_model or model).")
     timeout_s: float = Field(default=120.0, gt=0, description="Per-request timeout (httpx).")
@@ -46,27 +62,56 @@ class EndpointSpec(StrictModel):
                              "generation server should serve)")
         return self
 
+    @property
+    def served(self) -> bool:
+        """True when the flow starts its own server (serve_model set, no base_url)."""
+        return not self.base_url and bool(self.serve_model)
+
+    def resolved_mode(self) -> Literal["chat", "completions"]:
+        """``mode`` with ``auto`` resolved (completions for our own served model, chat for any URL)."""
+        if self.mode != "auto":
+            return self.mode
+        return "completions" if self.served else "chat"
+
+    def served_name(self) -> str:
+        """The name our generation server serves ``serve_model`` under."""
+        from pathlib import PurePath
+
+        return self.model or PurePath(str(self.serve_model)).name or "judge"
+
+    def reply_budget(self, max_tokens: int) -> int:
+        """Tokens per reply: ``max_tokens``, capped by ``serve_max_tokens`` while our own model is served."""
+        return min(max_tokens, self.serve_max_tokens) if self.served and self.serve_max_tokens else max_tokens
+
 
 class JudgeSpec(StrictModel):
-    """The usefulness judge (model-level process reward)."""
+    """The usefulness judge (model-level process reward), or its deterministic gold-informed stand-in."""
 
+    kind: Literal["model", "rule"] = Field(
+        default="model", description="model: the seed's LLM judge over the endpoint; rule: a deterministic "
+        "stand-in, NOT the seed's judge: a round is useful when its retrieved documents contain a gold answer or a "
+        "gold supporting paragraph (training.smartsearch.judge.RuleJudge).")
     template_file: str | None = Field(default=None, description="Own prompt template (str.format fields: question, "
                                       "golden_answers, process); None = ours.")
     response_prefix: str = Field(default="", description="Text the judge's answer starts with (completions mode; "
                                  "e.g. `<answer>` so a small judge writes the verdict first).")
     temperature: float = Field(default=0.6, ge=0, description="Sampling temperature (the seed: 0.6).")
-    max_tokens: int = Field(default=512, ge=1, description="Tokens per verdict (the seed: 2048).")
+    max_tokens: int = Field(default=2048, ge=1, description="Tokens per verdict (the seed: 2048).")
     max_redundancy: int = Field(default=1, ge=0, description="A round is redundant above this many repeated docs.")
 
 
 class RefinerSpec(StrictModel):
-    """The query refiner (same endpoint kind as the judge)."""
+    """The query refiner (same endpoint as the judge), or its deterministic gold-informed stand-in."""
 
+    kind: Literal["model", "rule"] = Field(
+        default="model", description="model: the seed's LLM refiner over the endpoint; rule: a deterministic "
+        "stand-in, NOT the seed's refiner: the title of the first gold supporting paragraph not retrieved before "
+        "the round, else the question (training.smartsearch.refine.rule_refinements).")
     template_file: str | None = Field(default=None, description="Own prompt template (fields: question, process, "
                                       "issues); None = ours.")
     response_prefix: str = Field(default="", description="Text the refiner's answer starts with (completions mode).")
-    temperature: float = Field(default=0.6, ge=0, description="Sampling temperature.")
-    max_tokens: int = Field(default=256, ge=1, description="Tokens per refinement.")
+    temperature: float = Field(default=0.6, ge=0, description="Sampling temperature (the seed: 0.6).")
+    max_tokens: int = Field(default=2048, ge=1, description="Tokens per refinement (the seed: 2048).")
 
 
 class LoopSpec(StrictModel):
@@ -84,7 +129,7 @@ class LoopSpec(StrictModel):
 
     @model_validator(mode="after")
     def _reachable(self) -> LoopSpec:
-        if not self.endpoint.base_url:
+        if not self.endpoint.base_url and "model" in (self.judge.kind, self.refiner.kind):
             raise ValueError("verl's agent loop needs endpoint.base_url (a judge server the GPU workers reach); "
                              "endpoint.serve_model only starts a server on the flow's machine")
         return self
@@ -121,7 +166,10 @@ class Stage1Spec(StrictModel):
         "rollout engine) added to the sampled pool and screened by the same rules; stands in for the seed's strong "
         "sampling model where none is served.")
     screen: ScreenSpec = Field(default_factory=ScreenSpec, description="Screening rules.")
-    mask_retrieved: bool = Field(default=True, description="Mask retrieved text from the SFT loss (the seed: off).")
+    mask_retrieved: bool = Field(
+        default=False, description="Mask retrieved text from the SFT loss. The seed trains on the whole turn (its "
+        "LLaMA-Factory alpaca `output` holds the <result> blocks), so the default follows it; retrieved text is "
+        "masked in GRPO either way.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="LLaMA-Factory SFT settings.")
 
 

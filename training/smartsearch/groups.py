@@ -5,18 +5,22 @@ are contiguous after ``repeat(interleave=True)`` and share the ``uid`` the train
 instantiates the agent loop anew for each, so copies can only meet through process-level state. This module is that
 state, free of verl so it is testable in the main environment:
 
-* :meth:`GroupCoordinator.join` (synchronous, called before the copy's first ``await``): the first copy of a group
-  key is the *leader* (rank 0, samples on-policy), later copies get ranks 1, 2, ...;
-* the leader generates, judges and refines, then hands out the kept refined prefixes with
-  :meth:`GroupCoordinator.publish` (an ``asyncio.Future`` per group); it must publish even when it fails (an empty
-  list), so nobody waits forever;
-* copy ``j >= 1`` awaits :meth:`GroupCoordinator.prefix_for`: kept prefix ``(j - 1) mod len(kept)``, or None (no
-  kept prefix: sample on-policy);
-* the group is dropped once every member that joined has taken its share (no growth across training steps).
+* :meth:`GroupCoordinator.join` (synchronous, called before the copy's first ``await``): copies get ranks 0, 1,
+  2, ... in arrival order; even ranks are *leaders* (on-policy samples), rank ``2k + 1`` is the branch of leader
+  ``2k``. This is the seed's group mix (``vLLMRolloutWithSearch.generate_sequences``: each round samples one
+  on-policy trajectory and continues its FIRST kept refined prefix once, until n): a group of n = 8 holds 4
+  on-policy samples and up to 4 branches, each from a different on-policy sample;
+* a leader generates, judges and refines, then hands out its first kept refined prefix with
+  :meth:`GroupCoordinator.publish` (an ``asyncio.Future`` per pair); it must publish even when it fails (an empty
+  list), so its follower never waits forever;
+* copy ``2k + 1`` awaits :meth:`GroupCoordinator.prefix_for`: leader ``2k``'s first kept prefix, or None (nothing
+  kept: it samples on-policy, where the seed would start another round with a new on-policy sample);
+* the group is dropped once every pair that joined is settled (no growth across training steps).
 
-All tasks of a worker are created before any of them runs, so every copy has joined before the leader can finish
-its trajectory: :meth:`GroupCoordinator.size` is the group size the leader sees (it skips refinement in a group of
-one). A copy that joins after the group was dropped starts a new group as its leader (it samples on-policy).
+All tasks of a worker are created before any of them runs, so every copy has joined before a leader can finish
+its trajectory: :meth:`GroupCoordinator.has_follower` tells a leader whether anyone will continue its prefix (a
+leader without a follower, e.g. the last copy of an odd group, skips refinement). A copy that joins after the group
+was dropped starts a new group as its leader (it samples on-policy).
 """
 
 from __future__ import annotations
@@ -30,23 +34,27 @@ from typing import Any
 @dataclass
 class _Group:
     members: int = 0
-    taken: int = 0
-    published: asyncio.Future | None = None
-    kept: list[Any] = field(default_factory=list)
-    done: bool = False
+    published: dict[int, list[Any]] = field(default_factory=dict)
+    futures: dict[int, asyncio.Future] = field(default_factory=dict)
+    taken: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
 class Member:
-    """One copy's place in its group: the group key and its arrival rank (0 = leader)."""
+    """One copy's place in its group: the group key and its arrival rank (even = leader, odd = its branch)."""
 
     key: Hashable
     rank: int
 
     @property
     def leader(self) -> bool:
-        """True for the first copy of the group (the on-policy sample that is judged and refined)."""
-        return self.rank == 0
+        """True for an on-policy copy (even rank): it is judged and refined, its follower continues its prefix."""
+        return self.rank % 2 == 0
+
+    @property
+    def pair(self) -> int:
+        """The pair index ``rank // 2`` (leader ``2k`` and its branch ``2k + 1``)."""
+        return self.rank // 2
 
 
 class GroupCoordinator:
@@ -66,40 +74,50 @@ class GroupCoordinator:
         return member
 
     def size(self, member: Member) -> int:
-        """Copies that have joined ``member``'s group so far (the leader's view of the group size)."""
+        """Copies that have joined ``member``'s group so far."""
         group = self._groups.get(member.key)
         return group.members if group is not None else 1
 
+    def has_follower(self, member: Member) -> bool:
+        """True when a copy ranked ``member.rank + 1`` joined: someone will continue this leader's prefix."""
+        return member.leader and self.size(member) > member.rank + 1
+
     def publish(self, member: Member, kept: Sequence[Any]) -> None:
-        """The leader hands out its kept refined prefixes (empty: followers sample on-policy); idempotent."""
+        """A leader hands out its kept refined prefixes (the first one is used; empty: its follower samples
+        on-policy); idempotent."""
         if not member.leader:
-            raise ValueError("only the group's leader (rank 0) publishes prefixes")
+            raise ValueError("only a leader (an even rank, an on-policy copy) publishes prefixes")
         group = self._groups.get(member.key)
-        if group is None or group.done:
+        if group is None or member.pair in group.published:
             return
-        group.kept, group.done = list(kept), True
-        if group.published is not None and not group.published.done():
-            group.published.set_result(None)
+        group.published[member.pair] = list(kept)[:1]
+        future = group.futures.get(member.pair)
+        if future is not None and not future.done():
+            future.set_result(None)
         self._maybe_drop(member.key, group)
 
     async def prefix_for(self, member: Member) -> Any | None:
-        """A follower's prefix: kept ``(rank - 1) mod len(kept)`` once the leader published; None if none kept."""
+        """A follower's prefix: its leader's first kept prefix once published; None if it kept none."""
         if member.leader:
-            raise ValueError("the leader samples on-policy; it has no prefix to wait for")
+            raise ValueError("a leader samples on-policy; it has no prefix to wait for")
         group = self._groups.get(member.key)
         if group is None:
             return None
-        if not group.done:
-            if group.published is None:
-                group.published = asyncio.get_running_loop().create_future()
-            await group.published
-        group.taken += 1
-        prefix = group.kept[(member.rank - 1) % len(group.kept)] if group.kept else None
+        if member.pair not in group.published:
+            future = group.futures.get(member.pair)
+            if future is None:
+                future = group.futures[member.pair] = asyncio.get_running_loop().create_future()
+            await future
+        group.taken.add(member.pair)
+        kept = group.published.get(member.pair) or []
         self._maybe_drop(member.key, group)
-        return prefix
+        return kept[0] if kept else None
 
     def _maybe_drop(self, key: Hashable, group: _Group) -> None:
-        if group.done and group.taken >= group.members - 1 and self._groups.get(key) is group:
+        leaders = (group.members + 1) // 2
+        followers = group.members // 2
+        settled = len(group.published) >= leaders and len(group.taken) >= followers
+        if settled and self._groups.get(key) is group:
             del self._groups[key]
 
 

@@ -13,6 +13,13 @@ A round is *low quality* when the verdict is 0 or its redundancy (repeated docum
 rule in ``training.rewards.smartsearch``) exceeds ``max_redundancy``. The judge also implements the reward's
 ``RoundScorer`` interface, so ``smartsearch_reward(..., scorers=(RedundancyRule(), judge))`` is the seed's reward.
 Verdicts are cached by (question, prefix): a GRPO group's branches share their judged prefixes.
+
+:class:`RuleJudge` (``judge.kind: rule``) is a deterministic, gold-informed stand-in for runs without a competent
+judge model, NOT the seed's judge: a round is useful when its retrieved documents contain a gold answer (SQuAD
+normalisation, whole words; ``yes``/``no`` golds never match a document) or a gold supporting paragraph (the
+question's ``supporting_doc_ids``), else not useful. It never fails a call and never reads the query's intent, so
+it says nothing about whether a query was *necessary*; it exists so that every stage of the curriculum runs on a
+machine whose only model is a 135M policy.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evaluation.metrics import normalize_answer
 from training.protocols.smartsearch import GENERATION_PREFIX
 from training.rewards.smartsearch import smartsearch_redundancy, smartsearch_round_prefixes
 from training.smartsearch.config import JudgeSpec
@@ -177,3 +185,131 @@ class UsefulnessJudge:
         prefixes = smartsearch_round_prefixes(judge_text(response))
         results = self.judge_prefixes([(question, list(golds), p) for p in prefixes])
         return [None if v is None else v == 1 for v, *_ in results]
+
+
+class GoldSupport:
+    """Gold supporting paragraphs per question (ids and titles), keyed by question id and by question text.
+
+    What the rule judge and the rule refiner read (``Question.supporting_doc_ids`` and the rows'
+    ``supporting_titles``, kept in ``Question.metadata``).
+    """
+
+    def __init__(self, questions: Sequence[Any] = ()) -> None:
+        self.by_id: dict[str, tuple[list[str], list[str]]] = {}
+        self.by_text: dict[str, tuple[list[str], list[str]]] = {}
+        self.add(questions)
+
+    def add(self, questions: Sequence[Any]) -> None:
+        """Register questions (``evaluation.benchmarks.Question``)."""
+        for q in questions:
+            titles = [str(t) for t in (q.metadata or {}).get("supporting_titles", [])]
+            entry = (list(q.supporting_doc_ids), titles)
+            self.by_id[q.id] = entry
+            self.by_text[q.question] = entry
+
+    def doc_ids(self, question_id: str | None = None, question: str | None = None) -> list[str]:
+        """Gold supporting doc ids of a question (empty when unknown)."""
+        entry = self.by_id.get(question_id or "") or self.by_text.get(question or "")
+        return entry[0] if entry else []
+
+    def titles(self, question_id: str | None = None, question: str | None = None) -> list[str]:
+        """Gold supporting titles of a question (empty when unknown)."""
+        entry = self.by_id.get(question_id or "") or self.by_text.get(question or "")
+        return entry[1] if entry else []
+
+
+def _contains_answer(texts: Sequence[str], golds: Sequence[str]) -> str | None:
+    """The first gold answer found, as whole words, in the normalised ``texts`` (``yes``/``no`` never match)."""
+    hay = " " + " ".join(normalize_answer(t) for t in texts) + " "
+    for g in golds:
+        n = normalize_answer(g)
+        if n and n not in {"yes", "no"} and f" {n} " in hay:
+            return g
+    return None
+
+
+_RESULT = re.compile(r"<result>(.*?)</result>", re.DOTALL)
+
+
+class RuleJudge:
+    """Deterministic gold-informed stand-in for the usefulness judge (module docstring); same interface as
+    :class:`UsefulnessJudge` (``judge_trajectories``, ``RoundScorer``, ``stats``, ``spec``).
+
+    Args:
+        support: gold supporting paragraphs per question (may be empty: then only the answer rule applies).
+        spec: the judge settings (``max_redundancy`` is read).
+    """
+
+    def __init__(self, support: GoldSupport | None = None, spec: JudgeSpec | None = None) -> None:
+        self.support, self.spec = support or GoldSupport(), spec or JudgeSpec(kind="rule")
+        self._cache: dict[tuple[str, str], tuple[int | None, str, str, str | None]] = {}
+        self._lock = threading.Lock()
+        self.stats = {"rounds": 0, "useful": 0, "not_useful": 0, "failed": 0, "cached": 0}
+
+    def verdict(self, doc_ids: Sequence[str], doc_texts: Sequence[str], golds: Sequence[str],
+                gold_ids: Sequence[str]) -> tuple[int, str]:
+        """(1 or 0, explanation) of one round from its documents."""
+        hit = [d for d in doc_ids if d in set(gold_ids)]
+        if hit:
+            return 1, f"rule judge: the round retrieved gold supporting paragraph(s) {', '.join(hit)}."
+        answer = _contains_answer(doc_texts, golds)
+        if answer is not None:
+            return 1, f"rule judge: the round's documents contain the gold answer {answer!r}."
+        return 0, ("rule judge: the round's documents contain neither a gold answer nor a gold supporting "
+                   "paragraph; the query did not find the information the question needs.")
+
+    def _store(self, key: tuple[str, str], verdict: int, why: str) -> tuple[int | None, str, str, str | None]:
+        with self._lock:
+            if key in self._cache:
+                self.stats["cached"] += 1
+                return self._cache[key]
+            self._cache[key] = (verdict, why, f"<answer>{verdict}</answer><explanation>{why}</explanation>", None)
+            self.stats["rounds"] += 1
+            self.stats["useful" if verdict == 1 else "not_useful"] += 1
+            return self._cache[key]
+
+    def judge_trajectories(self, trajectories: Sequence[Any]) -> list[list[RoundVerdict]]:
+        """Per trajectory, one :class:`RoundVerdict` per search round (its documents against the gold)."""
+        out: list[list[RoundVerdict]] = []
+        for t in trajectories:
+            prefixes = smartsearch_round_prefixes(judge_text(t.response))
+            rounds = [turn for turn in t.turns if "</result>" in turn.inserted]
+            red = smartsearch_redundancy(judge_text(t.response))
+            gold_ids = self.support.doc_ids(t.question_id, t.question)
+            verdicts = []
+            for r_idx, prefix in enumerate(prefixes):
+                if r_idx < len(rounds):
+                    v, why = self.verdict(rounds[r_idx].doc_ids, rounds[r_idx].doc_texts, t.golden_answers, gold_ids)
+                else:  # a result block without its turn record: the text alone
+                    v, why = self._text_verdict(prefix, t.golden_answers)
+                verdict, why, raw, _ = self._store((t.question, prefix), v, why)
+                r = red[r_idx] if r_idx < len(red) else 0
+                verdicts.append(RoundVerdict(question_id=t.question_id, sample=t.sample, round=r_idx,
+                                             verdict=verdict, explanation=why, raw=raw, redundancy=r,
+                                             low_quality=verdict == 0 or r > self.spec.max_redundancy))
+            out.append(verdicts)
+        return out
+
+    def _text_verdict(self, prefix: str, golds: Sequence[str]) -> tuple[int, str]:
+        blocks = _RESULT.findall(prefix)
+        return self.verdict([], blocks[-1:] if blocks else [], golds, [])
+
+    def __call__(self, question: str, response: str, golds: Sequence[str]) -> list[bool | None]:
+        """``RoundScorer``: the verdicts judged from the trajectory records (cached by prefix), else from the result
+        text alone (gold answer only: the text carries no document ids)."""
+        out: list[bool | None] = []
+        for prefix in smartsearch_round_prefixes(judge_text(response)):
+            with self._lock:
+                cached = self._cache.get((question, prefix))
+            verdict = cached[0] if cached else self._store((question, prefix), *self._text_verdict(prefix, golds))[0]
+            out.append(verdict == 1)
+        return out
+
+
+def make_judge(spec: JudgeSpec, client: EndpointClient | None, support: GoldSupport | None = None) -> Any:
+    """The judge a preset asks for: :class:`RuleJudge` (``kind: rule``) or :class:`UsefulnessJudge`."""
+    if spec.kind == "rule":
+        return RuleJudge(support, spec)
+    if client is None:
+        raise ValueError("judge.kind=model needs the endpoint client (endpoint.base_url or endpoint.serve_model)")
+    return UsefulnessJudge(client, spec)

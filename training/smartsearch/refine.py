@@ -2,9 +2,13 @@
 query, and let the current policy continue from that prefix through our rollout engine.
 
 - :func:`refine_rounds`: for each low-quality round, the refiner (same endpoint kind as the judge) sees the
-  question, the process up to that round *without its result* and the issues (the judge's explanation plus the
-  seed's redundancy sentence when it applies) and answers ``<search> new query </search>``. A reply that copies
-  the template's format example or repeats the round's query is a failed refinement with its reason
+  question, the process up to and including that round's result (the judged prefix, as the seed's
+  ``query_refinement.py`` passes it; guideline 1 tells it not to rely on that result) and the issues (the judge's
+  explanation plus the seed's redundancy sentence when it applies) and answers ``<search> new query </search>``
+  (the query may span lines; the request stops at ``</search>`` as the seed's does).
+  ``refiner.kind: rule`` (:func:`rule_refinements`) is a deterministic gold-informed stand-in, NOT the seed's
+  refiner: the title of the first gold supporting paragraph not retrieved before the round, else the question.
+  A reply that copies the template's format example or repeats the round's query is a failed refinement with its reason
   (:func:`refinement_error`; our addition: the seed regenerates from whatever the refiner wrote).
 - :func:`refined_prefix` (the seed's ``transfer_regenerate.py``): the trajectory's turns before the round are kept
   as they were (generated text + inserted results), the round's own step is kept up to its last
@@ -29,7 +33,7 @@ from training.generation.base import Completion, SamplingParams
 from training.protocols.base import AgentState, SearchProtocol, Segment, TurnState
 from training.smartsearch.config import RefinerSpec
 from training.smartsearch.endpoint import EndpointClient
-from training.smartsearch.judge import RoundVerdict, judge_text, load_template
+from training.smartsearch.judge import GoldSupport, RoundVerdict, judge_text, load_template
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +41,14 @@ REFINE_TEMPLATE = """You are a query-refine assistant. A search agent is answeri
 One of its search queries was judged low quality. Write a better query for that round.
 
 User question: {question}
-Search process up to the low-quality query (its result is not shown):
+Search process up to and including the low-quality query's round (the last <search> and its <result>):
 {process}
 
 Issues found with the last query:
 {issues}
 
 Guidelines:
-1. Do not rely on the result of the current round.
+1. The new query replaces the last round's query, so do not rely on the last round's <result> when writing it.
 2. If the query intent is unreasonable, serve a more necessary and actionable intent instead.
 3. The new query may be a full question or key phrases; add or remove information as needed.
 
@@ -54,7 +58,7 @@ Reply in exactly this format, your query between the search tags:
 REDUNDANCY_ISSUE = ("The retrieved result of this query largely repeats documents already retrieved in earlier "
                     "rounds, so the query brings little new information.")
 
-_SEARCH = re.compile(r"<search>([^<\n]*)")
+_SEARCH = re.compile(r"<search>(.*?)(?:</search>|<|\Z)", re.DOTALL)
 
 
 class Refinement(BaseModel):
@@ -73,8 +77,9 @@ class Refinement(BaseModel):
 
 
 def parse_refined_query(text: str) -> str | None:
-    """The first ``<search>`` query: its text up to ``</search>``, the next tag or the end of the line (a reply cut
-    by the token limit still counts); None when there is no ``<search>`` or the query is empty."""
+    """The first ``<search>`` query: its text up to ``</search>``, the next tag or the end of the reply (a reply cut
+    by the token limit or by the ``</search>`` stop still counts; newlines inside the query become spaces, as the
+    seed's ``<search>(.*?)</search>`` with DOTALL reads them); None when there is no ``<search>`` or it is empty."""
     match = _SEARCH.search(text)
     if match is None:
         return None
@@ -122,12 +127,11 @@ def replace_last_query(step: str, query: str) -> str:
     return step[: start + len("<search>")] + f" {query} " + "</search>"
 
 
-def process_without_result(traj: Any, round_idx: int) -> str:
-    """The judged text up to round ``round_idx``'s ``</search>`` (its result cut), what the refiner sees."""
+def process_with_result(traj: Any, round_idx: int) -> str:
+    """The judged text up to and including round ``round_idx``'s result, what the refiner sees (the seed's
+    ``context``: the judge's cumulative prefix)."""
     t = search_turns(traj)[round_idx]
-    head = "".join(turn.generated + turn.inserted for turn in traj.turns[:t])
-    step = traj.turns[t].generated
-    return judge_text(head + step[: step.rfind("</search>") + len("</search>")])
+    return judge_text("".join(turn.generated + turn.inserted for turn in traj.turns[: t + 1]))
 
 
 def issues_text(verdict: RoundVerdict, max_redundancy: int) -> str:
@@ -140,18 +144,54 @@ def issues_text(verdict: RoundVerdict, max_redundancy: int) -> str:
     return "\n".join(parts) or "The query was judged low quality."
 
 
-def refine_rounds(client: EndpointClient, spec: RefinerSpec, trajectories: Sequence[Any],
-                  verdicts: Sequence[Sequence[RoundVerdict]], max_redundancy: int = 1) -> list[Refinement]:
-    """Refine every low-quality round of every trajectory (one batched round of calls)."""
+def rule_query(traj: Any, round_idx: int, support: GoldSupport) -> str:
+    """The rule refiner's query: the first gold supporting title whose paragraph was not retrieved before the
+    round, else the question itself."""
+    t = search_turns(traj)[round_idx]
+    seen = {d for turn in traj.turns[:t] for d in turn.doc_ids}
+    ids, titles = support.doc_ids(traj.question_id, traj.question), support.titles(traj.question_id, traj.question)
+    for i, title in enumerate(titles):
+        if i >= len(ids) or ids[i] not in seen:
+            return title
+    return traj.question
+
+
+def rule_refinements(trajectories: Sequence[Any], verdicts: Sequence[Sequence[RoundVerdict]], support: GoldSupport,
+                     max_redundancy: int = 1) -> list[Refinement]:
+    """``refiner.kind: rule``: a deterministic, gold-informed stand-in for the seed's LLM refiner (module
+    docstring); the same checks as model refinements (an unchanged query is a failed refinement)."""
+    out = []
+    for traj, rounds in zip(trajectories, verdicts, strict=True):
+        for v in rounds:
+            if not (v.low_quality and v.round < len(search_turns(traj))):
+                continue
+            original = traj.turns[search_turns(traj)[v.round]].query or ""
+            query: str | None = rule_query(traj, v.round, support)
+            error = refinement_error(query or "", original, set())
+            out.append(Refinement(question_id=traj.question_id, sample=traj.sample, round=v.round,
+                                  original_query=original, refined_query=None if error else query,
+                                  issues=issues_text(v, max_redundancy), raw=f"<search> {query} </search>",
+                                  error=error))
+    return out
+
+
+def refine_rounds(client: EndpointClient | None, spec: RefinerSpec, trajectories: Sequence[Any],
+                  verdicts: Sequence[Sequence[RoundVerdict]], max_redundancy: int = 1,
+                  support: GoldSupport | None = None) -> list[Refinement]:
+    """Refine every low-quality round of every trajectory (one batched round of calls; ``kind: rule``: no call)."""
+    if spec.kind == "rule":
+        return rule_refinements(trajectories, verdicts, support or GoldSupport(), max_redundancy)
+    if client is None:
+        raise ValueError("refiner.kind=model needs the endpoint client (endpoint.base_url or endpoint.serve_model)")
     template = load_template(spec.template_file, REFINE_TEMPLATE, ("question", "process", "issues"))
     jobs: list[tuple[Any, RoundVerdict, str]] = []
     for traj, rounds in zip(trajectories, verdicts, strict=True):
         for v in rounds:
             if v.low_quality and v.round < len(search_turns(traj)):
                 jobs.append((traj, v, issues_text(v, max_redundancy)))
-    prompts = [template.format(question=t.question, process=process_without_result(t, v.round), issues=iss)
+    prompts = [template.format(question=t.question, process=process_with_result(t, v.round), issues=iss)
                for t, v, iss in jobs]
-    replies = client.complete(prompts, spec.response_prefix, spec.temperature, spec.max_tokens)
+    replies = client.complete(prompts, spec.response_prefix, spec.temperature, spec.max_tokens, stop=["</search>"])
     placeholders = template_placeholders(template)
     out = []
     for (traj, v, iss), reply in zip(jobs, replies, strict=True):
@@ -165,6 +205,12 @@ def refine_rounds(client: EndpointClient, spec: RefinerSpec, trajectories: Seque
         out.append(Refinement(question_id=traj.question_id, sample=traj.sample, round=v.round,
                               original_query=original, refined_query=query, issues=iss, raw=raw, error=error))
     return out
+
+
+def unpack_refiner(refiner: Sequence[Any]) -> tuple[Any, RefinerSpec, GoldSupport | None]:
+    """``(client, spec)`` or ``(client, spec, support)`` as the stages pass the refiner."""
+    client, spec, *rest = refiner
+    return client, spec, (rest[0] if rest else None)
 
 
 @dataclass
@@ -212,14 +258,14 @@ def length_ok(tokenizer: Any, traj: Any, prefix: Prefix, max_diff: int) -> bool:
     return abs(a - b) < max_diff
 
 
-def keep_refined(client: EndpointClient, spec: RefinerSpec, traj: Any, verdicts: Sequence[RoundVerdict],
-                 tokenizer: Any, max_length_diff: int = 50, max_redundancy: int = 1
-                 ) -> tuple[list[Prefix], dict[str, int], list[Refinement]]:
+def keep_refined(client: EndpointClient | None, spec: RefinerSpec, traj: Any, verdicts: Sequence[RoundVerdict],
+                 tokenizer: Any, max_length_diff: int = 50, max_redundancy: int = 1,
+                 support: GoldSupport | None = None) -> tuple[list[Prefix], dict[str, int], list[Refinement]]:
     """One on-policy trajectory's refined prefixes that pass the seed's length check, in round order.
 
     Returns (kept prefixes, counts ``refined`` / ``refine_failed`` / ``skipped_length`` / ``kept``, refinements).
     """
-    refinements = refine_rounds(client, spec, [traj], [verdicts], max_redundancy)
+    refinements = refine_rounds(client, spec, [traj], [verdicts], max_redundancy, support)
     kept: list[Prefix] = []
     counts = {"refined": 0, "refine_failed": 0, "skipped_length": 0, "kept": 0}
     for r in refinements:

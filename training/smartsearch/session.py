@@ -31,13 +31,28 @@ def experiment_root(cfg: SmartSearchConfig) -> str:
     return str(get_settings().runs_dir / "smartsearch" / f"{cfg.name}-{config_hash(data)[:10]}")
 
 
-def open_judge(cfg: SmartSearchConfig, base_url: str) -> tuple[Any, tuple[Any, Any]]:
-    """(usefulness judge, (endpoint client, refiner spec)) over the endpoint at ``base_url``."""
-    from training.smartsearch.endpoint import EndpointClient
-    from training.smartsearch.judge import UsefulnessJudge
+def gold_support(cfg: SmartSearchConfig) -> Any:
+    """Gold supporting paragraphs of every question the curriculum uses (stages 1-3 and the teacher's files), for
+    the rule judge and the rule refiner."""
+    from training.smartsearch.judge import GoldSupport
+    from training.smartsearch.stages import load_questions
 
-    client = EndpointClient(cfg.endpoint, base_url=base_url)
-    return UsefulnessJudge(client, cfg.judge), (client, cfg.refiner)
+    sources = [*cfg.stage1.questions, *cfg.stage2.questions, *cfg.stage3.questions]
+    if cfg.stage1.teacher is not None:
+        sources += list(cfg.stage1.teacher.decomposition_files)
+    return GoldSupport(load_questions(sources))
+
+
+def open_judge(cfg: SmartSearchConfig, base_url: str | None) -> tuple[Any, tuple[Any, Any, Any]]:
+    """(judge, (endpoint client, refiner spec, gold support)): the judge and refiner the preset's ``kind`` asks for
+    (the seed's LLM ones over the endpoint at ``base_url``, or the rule stand-ins)."""
+    from training.smartsearch.endpoint import EndpointClient
+    from training.smartsearch.judge import make_judge
+
+    rules = "rule" in (cfg.judge.kind, cfg.refiner.kind)
+    support = gold_support(cfg) if rules else None
+    client = EndpointClient(cfg.endpoint, base_url=base_url) if base_url else None
+    return make_judge(cfg.judge, client, support), (client, cfg.refiner, support)
 
 
 def open_searcher(cfg: SmartSearchConfig) -> Any:

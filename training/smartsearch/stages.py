@@ -122,6 +122,16 @@ def sft_rows(kept: list[Any], tokenizer: Any, mask_retrieved: bool) -> list[dict
     return rows
 
 
+def sft_fit(rows: list[dict[str, Any]], cutoff_len: int) -> dict[str, int]:
+    """How many SFT rows the trainer keeps: ``training.sft.launcher.write_tokenized_dataset`` drops rows longer
+    than ``cutoff_len`` and rows without a supervised token (counted here so ``counts.json`` tells the truth)."""
+    from training.warmup.renderers import IGNORE_INDEX
+
+    over = sum(len(r["input_ids"]) > cutoff_len for r in rows)
+    empty = sum(len(r["input_ids"]) <= cutoff_len and all(lab == IGNORE_INDEX for lab in r["labels"]) for r in rows)
+    return {"kept": len(rows) - over - empty, "over_cutoff": over, "no_labels": empty}
+
+
 def _write_records(out: Path, name: str, rows: list[Any]) -> None:
     artifacts.write_jsonl(out / name, [r.model_dump(mode="json") if hasattr(r, "model_dump") else r for r in rows])
 
@@ -153,19 +163,30 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
                                           "decision": r} for s, r in zip(scored, reasons, strict=True)])
     counts: dict[str, float] = {"sampled_policy": len(sampled), "sampled_teacher": len(teacher),
                                 "kept": len(kept), **_verdict_counts(verdicts)}
+    for src in ("policy", "teacher"):
+        own = [vs for vs, s_ in zip(verdicts, sources, strict=True) if s_ == src]
+        counts |= {f"{k}_{src}": v for k, v in _verdict_counts(own).items()}
     counts |= {f"kept_{src}": sum(1 for s, r in zip(scored, reasons, strict=True) if r == "kept" and s.source == src)
                for src in ("policy", "teacher")}
     counts |= {f"dropped_{k}": v for k, v in Counter(r for r in reasons if r != "kept").items()}
     model, trained, ckpt, losses = str(resolve_model(cfg.model)), False, {}, []
-    if kept:
+    rows = sft_rows(kept, tok, s1.mask_retrieved)
+    fits = sft_fit(rows, s1.sft.cutoff_len)
+    counts |= {"sft_rows": len(rows), "sft_rows_trained": fits["kept"],
+               "sft_rows_over_cutoff": fits["over_cutoff"], "sft_rows_no_labels": fits["no_labels"]}
+    if fits["over_cutoff"]:
+        log.warning("stage 1: %d of %d kept trajectories are longer than sft.cutoff_len=%d and are not trained on",
+                    fits["over_cutoff"], len(rows), s1.sft.cutoff_len)
+    if fits["kept"]:
         data = out / "sft_rows.jsonl"
-        artifacts.write_jsonl(data, sft_rows(kept, tok, s1.mask_retrieved))
+        artifacts.write_jsonl(data, rows)
         ref = train_sft_tokenized(s1.sft, data, str(resolve_model(cfg.model)), out / "sft",
                                   mlflow_run_id=mlflow_run_id, run_name="stage1-sft")
         model, trained, ckpt = ref.uri, True, ref.model_dump()
+        counts["sft_rows_trained"] = float(ref.n_examples or fits["kept"])
         losses = [r["loss"] for r in artifacts.read_jsonl(out / "sft" / "loss_curve.jsonl")]
     else:
-        log.warning("stage 1 kept no trajectory (%s); SFT skipped, the initial model goes on", dict(counts))
+        log.warning("stage 1 has no trajectory to train on (%s); SFT skipped, the initial model goes on", dict(counts))
     return _finish(out, "sft", str(model), trained, counts, losses, t0, ckpt)
 
 
@@ -190,7 +211,7 @@ def run_stage2(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, 
     """Stage 2 (module docstring); ``refiner`` = (EndpointClient, RefinerSpec); skipped when complete."""
     from training.rl.config import resolve_model
     from training.smartsearch.dpo import train_dpo
-    from training.smartsearch.refine import continue_from_prefixes, refine_rounds, refined_prefix
+    from training.smartsearch.refine import continue_from_prefixes, refine_rounds, refined_prefix, unpack_refiner
 
     done = finished(out_uri)
     if done is not None:
@@ -200,8 +221,8 @@ def run_stage2(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, 
     s2 = cfg.stage2
     originals, gen, tok = sample(cfg, init_model, load_questions(s2.questions), s2.sampling, searcher)
     verdicts = judge.judge_trajectories(originals)
-    client, spec = refiner
-    refinements = refine_rounds(client, spec, originals, verdicts, cfg.judge.max_redundancy)
+    client, spec, support = unpack_refiner(refiner)
+    refinements = refine_rounds(client, spec, originals, verdicts, cfg.judge.max_redundancy, support)
     by_key = {(t.question_id, t.sample): t for t in originals}
     prefixes = [refined_prefix(by_key[(r.question_id, r.sample)], r.round, r.refined_query)
                 for r in refinements if r.refined_query]
@@ -225,14 +246,19 @@ def run_stage2(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, 
         "refined": sum(r.refined_query is not None for r in refinements),
         "refine_failed": sum(r.refined_query is None for r in refinements), "regenerations": len(regens),
         "correct_regenerations": sum(s.f1 >= s2.min_f1 for s in r_scored),
+        **{f"{k}_regenerations": v for k, v in _verdict_counts(regen_verdicts).items()},
         **{f"pairs_{k}": v for k, v in pair_counts(pairs).items()}, "pairs": len(pairs),
-        "endpoint_failed_calls": client.failures}
+        "endpoint_failed_calls": client.failures if client is not None else 0}
     del gen
     if not pairs:
         log.warning("stage 2 built no DPO pair (%s); DPO skipped, the SFT model goes on", counts)
         return _finish(out, "dpo", init_model, False, counts, [], t0, {})
     ref = train_dpo(s2.dpo, [p.model_dump() for p in pairs], init_model, out / "dpo")
-    losses = [r["loss"] for r in artifacts.read_jsonl(out / "dpo" / "loss_curve.jsonl")]
+    curve = artifacts.read_jsonl(out / "dpo" / "loss_curve.jsonl")
+    losses = [r["loss"] for r in curve]
+    margins = [r["rewards/margins"] for r in curve if "rewards/margins" in r]
+    counts |= {"dpo_steps": len(curve), "dpo_loss_first": losses[0], "dpo_loss_last": losses[-1]} if losses else {}
+    counts |= {"dpo_margin_first": margins[0], "dpo_margin_last": margins[-1]} if margins else {}
     return _finish(out, "dpo", ref.uri, True, counts, losses, t0, ref.model_dump())
 
 

@@ -7,16 +7,17 @@ judge/refiner endpoint settings, never a token: ``endpoint.api_key_env`` names t
 Per sample (verl runs every sample of a worker's chunk as its own task in one event loop, see
 ``training.smartsearch.groups``):
 
-1. the copy joins its group (key: verl's per-prompt ``uid``, else ``extra_info`` index + id); the first copy is the
-   on-policy *leader*; copy j >= 1 waits for the leader and continues from kept prefix (j - 1) mod len(kept): the
-   refined step (turns before the round kept, the query replaced, its result cut) is applied as the first
+1. the copy joins its group (key: verl's per-prompt ``uid``, else ``extra_info`` index + id); even ranks are
+   on-policy *leaders*; copy 2k + 1 waits for leader 2k and continues from its first kept prefix (the seed's group
+   mix: about n/2 on-policy samples and up to n/2 branches, each from a different on-policy sample): the refined
+   step (turns before the round kept, the query replaced, its result cut) is applied as the first
    "generation", its query runs against our retriever, then the policy continues through verl's server manager;
    with no kept prefix the copy samples on-policy;
 2. when the trajectory ends it is judged (``UsefulnessJudge.judge_trajectories`` in a thread, off the event loop;
    verdicts cached per process by (question, prefix), so branches re-use their prefix's verdicts);
-3. the leader refines its low-quality rounds (verdict 0 or redundancy > ``max_redundancy``), keeps the prefixes
-   whose token length differs by less than ``max_length_diff`` from the original (the seed: 50) and publishes them;
-   it publishes an empty list on any failure, so its followers never hang;
+3. a leader with a follower refines its low-quality rounds (verdict 0 or redundancy > ``max_redundancy``), keeps
+   the prefixes whose token length differs by less than ``max_length_diff`` from the original (the seed: 50) and
+   publishes them (its follower takes the first); it publishes an empty list on any failure, so nobody hangs;
 4. the response mask is rebuilt from the segments by ``token_mask`` (the refined step counts as generated, inserted
    documents are masked), as on the TRL path.
 
@@ -29,7 +30,11 @@ Degradations (documented, not hidden):
 
 * copies of one prompt that verl's ``AgentLoopManager`` chunks onto different workers (a chunk boundary inside a
   group: batch size * n not a multiple of the worker count times n) form one group per worker, each with its own
-  on-policy leader; groups stay of size n for GRPO, with more on-policy samples than the seed's one;
+  leader/branch pairs; groups stay of size n for GRPO;
+* a leader without a kept prefix leaves its follower to sample on-policy (the seed starts another round with a new
+  on-policy sample that may branch in turn);
+* ``judge.kind: rule`` on verl knows no supporting paragraphs (the workers get no gold document ids): only its
+  gold-answer rule applies; ``refiner.kind: rule`` then falls back to the question as the refined query;
 * validation rows (``extra_info.split`` other than ``train``) never branch: validation measures the policy;
 * the judge sees the whole trajectory; verl truncates the response to ``response_length``: when that cuts rounds,
   the verdict list no longer aligns with the text and the reward ignores it (redundancy only), as the seed ignores a
@@ -84,10 +89,10 @@ def judge_pair(spec: LoopSpec) -> tuple[Any, tuple[Any, Any]]:
     with _JUDGES_LOCK:
         if key not in _JUDGES:
             from training.smartsearch.endpoint import EndpointClient
-            from training.smartsearch.judge import UsefulnessJudge
+            from training.smartsearch.judge import make_judge
 
-            client = EndpointClient(spec.endpoint)
-            _JUDGES[key] = (UsefulnessJudge(client, spec.judge), (client, spec.refiner))
+            client = EndpointClient(spec.endpoint) if spec.endpoint.base_url else None  # rule judge + refiner
+            _JUDGES[key] = (make_judge(spec.judge, client), (client, spec.refiner))
         return _JUDGES[key]
 
 
@@ -138,9 +143,8 @@ def _make_class() -> type:
                 if self.spec.judge_reward or leader:
                     verdicts = (await asyncio.to_thread(self.judge.judge_trajectories, [traj]))[0]
                 if leader:
-                    size = COORDINATOR.size(member)
-                    extra["group_size"] = size
-                    if size > 1:
+                    extra["group_size"] = COORDINATOR.size(member)
+                    if COORDINATOR.has_follower(member):
                         kept, counts, _ = await asyncio.to_thread(
                             keep_refined, self.client, self.refiner, traj, verdicts, self.tokenizer,
                             self.spec.max_length_diff, self.spec.judge.max_redundancy)
