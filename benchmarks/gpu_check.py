@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import sys
 import tempfile
@@ -67,24 +66,12 @@ def timed(fn: Callable[[], Any], device: str, repeats: int = 2) -> tuple[Any, fl
 
 
 def environment(device: str, dtype: str) -> dict[str, Any]:
-    """Versions, device, dtype, CPU flags, threads and load."""
-    import torch
+    """Versions, device, dtype, CPU flags, threads and load (``infra.machine.describe``)."""
     import transformers
 
-    flags = ""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        found = re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.M)
-        wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-        flags = " ".join(f for f in (found.group(1).split() if found else []) if f in wanted)
-    except OSError:
-        pass
-    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "device": device, "dtype": dtype, "cpu_flags": flags, "torch_threads": torch.get_num_threads(),
-           "loadavg": os.getloadavg()}
-    if device.startswith("cuda"):
-        env["gpu"] = torch.cuda.get_device_name(0)
-    return env
+    from infra.machine import describe
+
+    return {**describe(dtype), "device": device, "transformers": transformers.__version__}
 
 
 def random_smol(smol_dir: Path, dtype: Any, device: str, init_range: float) -> tuple[Any, Any]:

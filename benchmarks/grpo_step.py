@@ -25,7 +25,6 @@ markdown report too.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections import defaultdict
@@ -166,14 +165,9 @@ def bf16_gap(model_path: str, rows: list[dict], tokenizer: Any) -> dict[str, flo
 
 def environment(threads: int) -> dict[str, Any]:
     """CPU flags that matter, threads, load, nice level."""
-    import torch
+    from infra.machine import describe
 
-    from training.rl.trl_engine import cpu_flags, native_bf16
-
-    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni"})
-    return {"cpu_flags": flags, "native_bf16": native_bf16(), "torch_threads": torch.get_num_threads(),
-            "threads_arg": threads, "cpus": os.cpu_count(), "load_1_5_15": os.getloadavg(), "nice": os.nice(0),
-            "torch": torch.__version__}
+    return {**describe(), "threads_arg": threads}
 
 
 def report(preset: str, env_before: dict, env_after: dict, results: list[dict], gap: dict | None,

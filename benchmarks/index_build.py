@@ -61,6 +61,9 @@ def main() -> None:
     ap.add_argument("--shard-size", type=int, default=512)
     ap.add_argument("--faiss", default="flat", choices=["flat", "hnsw", "ivfpq"])
     args = ap.parse_args()
+    from infra.machine import describe
+
+    print(f"machine: {describe()}")  # dtype, CPU flags, threads, load (the numbers below depend on them)
 
     from infra.paths import resolve_path
     from retrieval.encoders import EncoderConfig, get_encoder

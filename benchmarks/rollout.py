@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--repeats", type=int, default=1, help="runs per phase (fastest kept)")
     parser.add_argument("--no-seeds-loop", action="store_true", help="skip the seeds' re-prefill-every-turn loop")
     args = parser.parse_args(argv)
+    from infra.machine import describe
+
+    print(f"machine: {describe()}")  # dtype, CPU flags, threads, load (the numbers below depend on them)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from training.agent.rollout import RolloutConfig, run_rollouts

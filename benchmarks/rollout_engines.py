@@ -99,6 +99,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     questions, searcher = _questions(args.dataset, args.questions), _searcher(args.url)
     res = {e: run_engine(e, args, questions, searcher) for e in engines}
     base = res.get("transformers")
+    from infra.machine import describe
+    from training.generation.base import cpu_dtype
+
+    machine = describe(cpu_dtype(), questions=len(questions), protocol=args.protocol,
+                       tokens_per_turn=args.tokens_per_turn, total_tokens=args.total_tokens)
+    print(f"machine: {orjson.dumps(machine).decode()}")
     print(f"{len(questions)} questions, protocol {args.protocol}, {args.tokens_per_turn}/{args.total_tokens} tokens")
     print(f"{'engine':<14}{'load s':>8}{'seconds':>9}{'tokens':>8}{'tok/s':>9}{'traj/s':>8}"
           f"{'x tok/s':>9}{'x traj/s':>9}")
@@ -108,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         print(f"{e:<14}{r['load_s']:>8.1f}{r['seconds']:>9.1f}{r['tokens']:>8.0f}{r['tokens_per_s']:>9.1f}"
               f"{r['trajectories_per_s']:>8.2f}{rt:>9}{rj:>9}")
     if args.json:
-        Path(args.json).write_bytes(orjson.dumps({"args": vars(args), "results": res}, option=orjson.OPT_INDENT_2))
+        record = {"args": vars(args), "machine": machine, "results": res}
+        Path(args.json).write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
     return res
 
 

@@ -383,6 +383,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=1, help="Parallel batches: server micro-batch workers and "
                    "in-process threads (the baseline server always uses its 8-thread pool).")
     args = p.parse_args(argv)
+    from infra.machine import describe
+
+    print(f"machine: {describe()}")  # dtype, CPU flags, threads, load (the numbers below depend on them)
     args.clients = [int(c) for c in args.clients.split(",")]
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.torch_threads)
     queries = load_queries(4096)

@@ -101,12 +101,12 @@ def test_bf16_only_where_native(tiny_model, tmp_path, monkeypatch) -> None:
     from infra.errors import ConfigError
     from training.rl import trl_engine
 
-    monkeypatch.setattr(trl_engine, "cpu_flags", lambda: {"avx2", "avx512f"})
+    monkeypatch.setattr("infra.machine.cpu_flags", lambda: {"avx2", "avx512f"})
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert not trl_engine.native_bf16()
     with pytest.raises(ConfigError, match="avx512_bf16 or amx_bf16"):
         _trainer(tiny_model, tmp_path, precision="bf16", beta=0.0)
-    monkeypatch.setattr(trl_engine, "cpu_flags", lambda: {"avx512_bf16"})
+    monkeypatch.setattr("infra.machine.cpu_flags", lambda: {"avx512_bf16"})
     trainer = _trainer(tiny_model, tmp_path, precision="bf16", beta=0.0)
     assert trainer.args.bf16
     trainer.train()

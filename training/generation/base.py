@@ -90,13 +90,10 @@ class Generator(Protocol):
 
 
 def cpu_native_bf16() -> bool:
-    """Whether this CPU has native bf16 matmuls (AMX tiles or AVX512-BF16). Without them bf16 is emulated: vLLM
-    0.32's CPU runner falls back from oneDNN to torch linears and ran ~19x slower than fp32 here (AVX2 only:
-    6 ExSearch prompts x 24 tokens took 419.5 s in bf16, 21.9 s in fp32)."""
-    import torch
+    """Whether this CPU has native bf16 matmuls (``infra.machine.cpu_native_bf16``)."""
+    from infra.machine import cpu_native_bf16 as native
 
-    cpu = torch.cpu
-    return any(getattr(cpu, f, lambda: False)() for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+    return native()
 
 
 def cpu_dtype() -> str:

@@ -132,27 +132,15 @@ class TRLSearchConfig(StrictModel):
         return self
 
 
-def cpu_flags() -> set[str]:
-    """The CPU feature flags of ``/proc/cpuinfo`` (empty where it is not readable)."""
-    from pathlib import Path
-
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def native_bf16() -> bool:
     """Whether bf16 math is native here: a CUDA device that supports it, else the CPU flags avx512_bf16/amx_bf16."""
     import torch
 
     if torch.cuda.is_available():
         return bool(torch.cuda.is_bf16_supported())
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    from infra.machine import cpu_native_bf16
+
+    return cpu_native_bf16()
 
 
 def check_precision(cfg: TRLSearchConfig) -> None:

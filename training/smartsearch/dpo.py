@@ -1,7 +1,7 @@
 """Stage-2 LoRA DPO with TRL's ``DPOTrainer`` (in process), then the adapter merged into a full HF folder.
 
 Why TRL and not LLaMA-Factory (the seed's engine): on this CPU machine a 2-step LoRA DPO of SmolLM2-135M over
-4 pairs ran in process with TRL 0.24 / transformers 4.57.6 (see the report in ``docs/STATUS.md``), without a
+4 pairs ran in process with TRL 0.24 / transformers 4.57.6 (see the report in ``docs/status-history.md``), without a
 subprocess start or a second data format; LLaMA-Factory's DPO would need its pairwise dataset registration and the
 torchaudio stub for the same result. ``benchmarks/dpo_engines.py`` trains both engines on the same pairs with the
 same settings and checks that their token streams are identical; quiet, 16 pairs x 4 steps (session 9,
