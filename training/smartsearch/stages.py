@@ -1,9 +1,11 @@
 """SmartSearch stages 1 and 2 and the held-out evaluation, each writing a directory that ends with its manifest.
 
 - :func:`run_stage1` (screened imitation): sample with the policy (+ scripted teacher trajectories when the preset
-  asks), judge every round, screen (format, redundancy <= 1, every verdict 1, F1 >= min_f1), SFT on the kept
-  ones with retrieved text masked (``mask_retrieved: false`` = the seed's unmasked SFT). Zero kept trajectories is
-  not an error: the stage records it and passes its input model on.
+  asks; with ``policy_warmup_steps`` the policy is first fine-tuned a few steps on the screened teacher
+  trajectories, :func:`warm_up_policy`, a stand-in for the seed's strong sampling model), judge every round,
+  screen (format, redundancy <= 1, every verdict 1, F1 >= min_f1), SFT on the kept ones with retrieved text
+  masked (``mask_retrieved: false`` = the seed's unmasked SFT). Zero kept trajectories is not an error: the stage
+  records it and passes its input model on.
 - :func:`run_stage2` (query alignment): sample with the SFT model, judge, refine the low-quality rounds, continue
   each refined prefix with the same model, judge the regenerations, build pairs by the seed's rules, LoRA DPO,
   merge. Zero pairs passes the model on the same way.
@@ -96,7 +98,7 @@ def teacher_trajectories(cfg: SmartSearchConfig, tokenizer: Any) -> list[Any]:
         return []
     shim = SimpleNamespace(retrieval=cfg.retrieval, top_k=cfg.top_k,
                            stages=[SimpleNamespace(top_k=cfg.top_k, max_turns=cfg.stage3.max_turns)],
-                           template=cfg.template)
+                           template=cfg.template, stage_top_k=lambda stage: stage.top_k or cfg.top_k)
     sources, _ = warmup_sources(shim, w)
     protocol = protocol_for(cfg)
     out = []
@@ -147,22 +149,31 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
         return done
     t0, out = time.perf_counter(), artifacts.local_path(out_uri)
     s1 = cfg.stage1
-    policy = s1.policy or cfg.model
-    sampled, _, tok = sample(cfg, policy, load_questions(s1.questions), s1.sampling, searcher)
-    teacher = teacher_trajectories(cfg, tok)
+    policy, warm_counts = s1.policy or cfg.model, dict[str, float]()
+    if s1.policy_warmup_steps:
+        from training.generation.models import load_tokenizer
+
+        tok0 = load_tokenizer(resolve_model(policy))
+        teacher = teacher_trajectories(cfg, tok0)
+        t_verdicts = judge.judge_trajectories(teacher)
+        policy, warm_counts = warm_up_policy(cfg, teacher, t_verdicts, tok0, out / "warmup", mlflow_run_id)
+        sampled, _, tok = sample(cfg, policy, load_questions(s1.questions), s1.sampling, searcher)
+        verdicts = [*judge.judge_trajectories(sampled), *t_verdicts]
+    else:
+        sampled, _, tok = sample(cfg, policy, load_questions(s1.questions), s1.sampling, searcher)
+        teacher = teacher_trajectories(cfg, tok)
+        verdicts = judge.judge_trajectories([*sampled, *teacher])
     pool = [*sampled, *teacher]
-    verdicts = judge.judge_trajectories(pool)
     sources = ["policy"] * len(sampled) + ["teacher"] * len(teacher)
     scored = [score(t, v, src) for t, v, src in zip(pool, verdicts, sources, strict=True)]
-    reasons = [screen_reason(s, s1.screen.min_f1, s1.screen.require_format, s1.screen.failed_verdict,
-                             cfg.judge.max_redundancy) for s in scored]
+    reasons = [_screen(cfg, s) for s in scored]
     kept = [t for t, r in zip(pool, reasons, strict=True) if r == "kept"]
     _write_records(out, "trajectories.jsonl", pool)
     _write_records(out, "verdicts.jsonl", [v for vs in verdicts for v in vs])
     _write_records(out, "screen.jsonl", [{**s.model_dump(mode="json", exclude={"prompt", "response"}),
                                           "decision": r} for s, r in zip(scored, reasons, strict=True)])
     counts: dict[str, float] = {"sampled_policy": len(sampled), "sampled_teacher": len(teacher),
-                                "kept": len(kept), **_verdict_counts(verdicts)}
+                                "kept": len(kept), **_verdict_counts(verdicts), **warm_counts}
     for src in ("policy", "teacher"):
         own = [vs for vs, s_ in zip(verdicts, sources, strict=True) if s_ == src]
         counts |= {f"{k}_{src}": v for k, v in _verdict_counts(own).items()}
@@ -188,6 +199,39 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
     else:
         log.warning("stage 1 has no trajectory to train on (%s); SFT skipped, the initial model goes on", dict(counts))
     return _finish(out, "sft", str(model), trained, counts, losses, t0, ckpt)
+
+
+def _screen(cfg: SmartSearchConfig, s: Scored) -> str:
+    sc = cfg.stage1.screen
+    return screen_reason(s, sc.min_f1, sc.require_format, sc.failed_verdict, cfg.judge.max_redundancy)
+
+
+def warm_up_policy(cfg: SmartSearchConfig, teacher: list[Any], verdicts: list[list[Any]], tokenizer: Any, out: Path,
+                   mlflow_run_id: str | None = None) -> tuple[str, dict[str, float]]:
+    """``stage1.policy_warmup_steps``: fine-tune ``cfg.model`` that many steps on the teacher trajectories the
+    stage-1 screen keeps; returns (the checkpoint the policy samples from, ``warmup_*`` counts).
+
+    A stand-in for the seed's strong sampling policy (a 135M base model never writes ``<search>``, so none of its
+    rounds would reach the judge); the same screen and SFT settings as the stage's own SFT, fewer steps. With no
+    kept teacher row the initial policy is sampled as it is (counted, logged)."""
+    from training.rl.config import resolve_model
+    from training.sft.launcher import train_sft_tokenized
+
+    s1 = cfg.stage1
+    kept = [t for t, v in zip(teacher, verdicts, strict=True) if _screen(cfg, score(t, v, "teacher")) == "kept"]
+    rows = sft_rows(kept, tokenizer, s1.mask_retrieved)
+    fits = sft_fit(rows, s1.sft.cutoff_len)
+    counts: dict[str, float] = {"warmup_rows": fits["kept"], "warmup_steps": 0}
+    policy = s1.policy or cfg.model
+    if not fits["kept"]:
+        log.warning("stage 1 policy warm-up: no teacher trajectory passed the screen; the policy samples as it is")
+        return policy, counts
+    artifacts.write_jsonl(out / "sft_rows.jsonl", rows)
+    ref = train_sft_tokenized(s1.sft.model_copy(update={"max_steps": s1.policy_warmup_steps}), out / "sft_rows.jsonl",
+                              str(resolve_model(policy)), out / "sft", mlflow_run_id=mlflow_run_id,
+                              run_name="stage1-policy-warmup")
+    counts["warmup_steps"] = float(ref.steps or s1.policy_warmup_steps)
+    return ref.uri, counts
 
 
 def _verdict_counts(verdicts: list[list[Any]]) -> dict[str, float]:
