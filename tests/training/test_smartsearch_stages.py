@@ -72,9 +72,9 @@ def _fake_sft(calls: list):
     def train_sft_tokenized(cfg, data_path, base_model, out_dir, mlflow_run_id=None, run_name="sft"):
         rows = [json.loads(x) for x in Path(data_path).read_text().splitlines()]
         calls.append({"run_name": run_name, "base": str(base_model), "steps": cfg.max_steps,
-                      "questions": [r["question_id"] for r in rows]})
+                      "mlflow": cfg.report_to_mlflow, "questions": [r["question_id"] for r in rows]})
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "loss_curve.jsonl").write_text('{"loss": 1.0}\n')
+        (Path(out_dir) / "loss_curve.jsonl").write_text('{"loss": 1.0}\n{"loss": 0.5}\n')
         return CheckpointRef(uri=str(Path(out_dir) / "model"), base_model=str(base_model), steps=cfg.max_steps,
                              n_examples=len(rows))
 
@@ -118,6 +118,11 @@ def test_stage1_policy_rounds_reach_the_judge_after_the_warmup(tmp_path, monkeyp
     assert c["rounds_judged_policy"] == 2 and c["warmup_steps"] == warmup and c["warmup_rows"] == c["kept_teacher"]
     warm, final = calls
     assert warm["run_name"] == "stage1-policy-warmup" and warm["base"] == base and warm["steps"] == warmup
+    assert not warm["mlflow"] and final["mlflow"]  # one trainer reports into the stage's MLflow run
+    assert (c["warmup_loss_first"], c["warmup_loss_last"]) == (1.0, 0.5)
+    teacher_ids = {r["question_id"] for r in map(json.loads, Path(result.dir, "screen.jsonl").read_text().splitlines())
+                   if r["source"] == "teacher" and r["decision"] == "kept"}
+    assert set(warm["questions"]) == teacher_ids  # the warm-up trains on the screened teacher rows only
     assert sampled_from == [str(tmp_path / "stage1" / "warmup" / "sft" / "model")]
     assert final["run_name"] == "stage1-sft" and final["base"] == base and final["steps"] == cfg.stage1.sft.max_steps
     assert result.model.endswith("stage1/sft/model")

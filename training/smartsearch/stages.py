@@ -156,7 +156,7 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
         tok0 = load_tokenizer(resolve_model(policy))
         teacher = teacher_trajectories(cfg, tok0)
         t_verdicts = judge.judge_trajectories(teacher)
-        policy, warm_counts = warm_up_policy(cfg, teacher, t_verdicts, tok0, out / "warmup", mlflow_run_id)
+        policy, warm_counts = warm_up_policy(cfg, teacher, t_verdicts, tok0, out / "warmup")
         sampled, _, tok = sample(cfg, policy, load_questions(s1.questions), s1.sampling, searcher)
         verdicts = [*judge.judge_trajectories(sampled), *t_verdicts]
     else:
@@ -206,8 +206,8 @@ def _screen(cfg: SmartSearchConfig, s: Scored) -> str:
     return screen_reason(s, sc.min_f1, sc.require_format, sc.failed_verdict, cfg.judge.max_redundancy)
 
 
-def warm_up_policy(cfg: SmartSearchConfig, teacher: list[Any], verdicts: list[list[Any]], tokenizer: Any, out: Path,
-                   mlflow_run_id: str | None = None) -> tuple[str, dict[str, float]]:
+def warm_up_policy(cfg: SmartSearchConfig, teacher: list[Any], verdicts: list[list[Any]], tokenizer: Any,
+                   out: Path) -> tuple[str, dict[str, float]]:
     """``stage1.policy_warmup_steps``: fine-tune ``cfg.model`` that many steps on the teacher trajectories the
     stage-1 screen keeps; returns (the checkpoint the policy samples from, ``warmup_*`` counts).
 
@@ -227,10 +227,14 @@ def warm_up_policy(cfg: SmartSearchConfig, teacher: list[Any], verdicts: list[li
         log.warning("stage 1 policy warm-up: no teacher trajectory passed the screen; the policy samples as it is")
         return policy, counts
     artifacts.write_jsonl(out / "sft_rows.jsonl", rows)
-    ref = train_sft_tokenized(s1.sft.model_copy(update={"max_steps": s1.policy_warmup_steps}), out / "sft_rows.jsonl",
-                              str(resolve_model(policy)), out / "sft", mlflow_run_id=mlflow_run_id,
+    # not reported into the stage's MLflow run (the stage's own SFT reports there; a second trainer's params would
+    # clash); its loss curve stays in warmup/sft/ and its counts in counts.json
+    sft = s1.sft.model_copy(update={"max_steps": s1.policy_warmup_steps, "report_to_mlflow": False})
+    ref = train_sft_tokenized(sft, out / "sft_rows.jsonl", str(resolve_model(policy)), out / "sft",
                               run_name="stage1-policy-warmup")
     counts["warmup_steps"] = float(ref.steps or s1.policy_warmup_steps)
+    curve = artifacts.read_jsonl(out / "sft" / "loss_curve.jsonl")
+    counts |= {"warmup_loss_first": curve[0]["loss"], "warmup_loss_last": curve[-1]["loss"]} if curve else {}
     return ref.uri, counts
 
 
