@@ -115,6 +115,7 @@ def test_stage1_policy_rounds_reach_the_judge_after_the_warmup(tmp_path, monkeyp
         assert c["rounds_judged_policy"] == 0 and sampled_from == ["smollm2"]
         assert [x["run_name"] for x in calls] == ["stage1-sft"]
         return
+    assert c["rounds_model_written_policy"] == 0  # the policy's judged rounds are executed searches
     assert c["rounds_judged_policy"] == 2 and c["warmup_steps"] == warmup and c["warmup_rows"] == c["kept_teacher"]
     warm, final = calls
     assert warm["run_name"] == "stage1-policy-warmup" and warm["base"] == base and warm["steps"] == warmup
@@ -203,3 +204,17 @@ def test_stage2_builds_pairs_of_both_seed_cases_with_the_demo_sampling(tmp_path,
     assert c["regenerations"] == cfg.stage2.regenerations and c["correct_regenerations"] >= 1
     assert c["pairs_original_correct"] >= 1 and c["pairs_regeneration_correct"] >= 1
     assert {p["case"] for p in trained[0]} == {"original_correct", "regeneration_correct"}
+
+
+def test_model_written_result_blocks_are_counted_apart() -> None:
+    """Session 11: 22 of 33 judged stage-2 rounds were ``<result>`` blocks the policy wrote itself; the judge judges
+    them (as the seed's does) and the counts now tell them from executed searches."""
+    from types import SimpleNamespace
+
+    from training.smartsearch.stages import model_written_rounds
+
+    searched = SimpleNamespace(turns=[SimpleNamespace(inserted=" <result>\ndoc\n</result>"),
+                                      SimpleNamespace(inserted="")])
+    nothing = SimpleNamespace(turns=[SimpleNamespace(inserted="")])
+    assert model_written_rounds([searched, nothing], [[1, 0, 0], [0]]) == 3
+    assert model_written_rounds([searched], [[1]]) == 0

@@ -173,10 +173,10 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
     _write_records(out, "screen.jsonl", [{**s.model_dump(mode="json", exclude={"prompt", "response"}),
                                           "decision": r} for s, r in zip(scored, reasons, strict=True)])
     counts: dict[str, float] = {"sampled_policy": len(sampled), "sampled_teacher": len(teacher),
-                                "kept": len(kept), **_verdict_counts(verdicts), **warm_counts}
+                                "kept": len(kept), **_verdict_counts(verdicts, pool), **warm_counts}
     for src in ("policy", "teacher"):
-        own = [vs for vs, s_ in zip(verdicts, sources, strict=True) if s_ == src]
-        counts |= {f"{k}_{src}": v for k, v in _verdict_counts(own).items()}
+        own = [(t, vs) for t, vs, s_ in zip(pool, verdicts, sources, strict=True) if s_ == src]
+        counts |= {f"{k}_{src}": v for k, v in _verdict_counts([vs for _, vs in own], [t for t, _ in own]).items()}
     counts |= {f"kept_{src}": sum(1 for s, r in zip(scored, reasons, strict=True) if r == "kept" and s.source == src)
                for src in ("policy", "teacher")}
     counts |= {f"dropped_{k}": v for k, v in Counter(r for r in reasons if r != "kept").items()}
@@ -238,9 +238,17 @@ def warm_up_policy(cfg: SmartSearchConfig, teacher: list[Any], verdicts: list[li
     return ref.uri, counts
 
 
-def _verdict_counts(verdicts: list[list[Any]]) -> dict[str, float]:
+def model_written_rounds(trajs: list[Any], verdicts: list[list[Any]]) -> int:
+    """Judged rounds with no executed search behind them: ``</result>`` blocks the policy wrote itself (the judge
+    judges every ``</result>`` of the text, as the seed's does; this count tells them from real searches)."""
+    return sum(max(0, len(vs) - sum("</result>" in turn.inserted for turn in t.turns))
+               for t, vs in zip(trajs, verdicts, strict=True))
+
+
+def _verdict_counts(verdicts: list[list[Any]], trajs: list[Any] | None = None) -> dict[str, float]:
     flat = [v for vs in verdicts for v in vs]
-    return {"rounds_judged": len(flat), "verdict_1": sum(v.verdict == 1 for v in flat),
+    written = {"rounds_model_written": model_written_rounds(trajs, verdicts)} if trajs is not None else {}
+    return {"rounds_judged": len(flat), **written, "verdict_1": sum(v.verdict == 1 for v in flat),
             "verdict_0": sum(v.verdict == 0 for v in flat), "verdict_failed": sum(v.verdict is None for v in flat),
             "redundant_rounds": sum(v.redundancy > 1 for v in flat), "low_quality": sum(v.low_quality for v in flat)}
 
@@ -290,11 +298,11 @@ def run_stage2(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, 
     _write_records(out, "pairs.jsonl", pairs)
     counts: dict[str, float] = {
         "sampled": len(originals), "correct_originals": sum(s.f1 >= s2.min_f1 for s in o_scored),
-        **_verdict_counts(verdicts), "refine_requests": len(refinements),
+        **_verdict_counts(verdicts, originals), "refine_requests": len(refinements),
         "refined": sum(r.refined_query is not None for r in refinements),
         "refine_failed": sum(r.refined_query is None for r in refinements), "regenerations": len(regens),
         "correct_regenerations": sum(s.f1 >= s2.min_f1 for s in r_scored),
-        **{f"{k}_regenerations": v for k, v in _verdict_counts(regen_verdicts).items()},
+        **{f"{k}_regenerations": v for k, v in _verdict_counts(regen_verdicts, regens).items()},
         **{f"pairs_{k}": v for k, v in pair_counts(pairs).items()}, "pairs": len(pairs),
         "endpoint_failed_calls": client.failures if client is not None else 0}
     del gen
