@@ -98,6 +98,7 @@ def micro(url: str) -> list[str]:
         "stage3.trl.num_generations=2", "stage3.trl.max_completion_length=48", "stage3.trl.max_tokens_per_turn=24",
         "eval.limit=1", "eval.max_new_tokens=24",
         "top_k=1", "stage1.sft.cutoff_len=640", "stage3.max_turns=2",  # the demo's top-3 settings cost time here
+        "stage1.policy_warmup_steps=1", "stage2.sampling.n=1",  # the demo's warm-up and sibling samples, smaller
     ]
 
 
@@ -111,6 +112,7 @@ def test_smartsearch_flow_micro(prefect_harness, judge_url) -> None:
     sft, dpo, grpo = result.stages
     c1 = sft.counts
     assert c1["sampled_policy"] == 2 and c1["sampled_teacher"] >= 1 and c1["rounds_judged"] >= 1
+    assert c1["warmup_steps"] == 1 and c1["warmup_rows"] == c1["kept_teacher"]  # the policy sampled the warm-up
     assert c1["verdict_1"] + c1["verdict_0"] + c1["verdict_failed"] == c1["rounds_judged"]
     assert c1["kept"] == c1["kept_policy"] + c1["kept_teacher"]
     screen = [json.loads(x) for x in Path(sft.dir, "screen.jsonl").read_text().splitlines()]

@@ -173,3 +173,25 @@ def test_stage3_agent_loop_yaml_carries_judge_settings_without_secrets(tmp_path,
         render_verl_command(load_config(SmartSearchConfig, "smartsearch_paper", [
             "stage3.questions=[{path: data/train/musique_train_mini.jsonl, limit: 4}]", "endpoint.base_url=null",
             "endpoint.serve_model=smollm2"]), "m", tmp_path / "x")
+
+
+def test_verl_loop_trains_on_the_sampled_ids_of_the_final_eos_step(smol_tokenizer) -> None:
+    """verl's agent loop (shared by SmartSearch's stage 3) appended the EOS to the final step's text but not its id,
+    so the step's sampled ids no longer decoded to its text and ``token_mask`` re-tokenized it from text: the policy
+    was trained on ids it never sampled. Sampled ids that are not the canonical tokenization show it."""
+    from evaluation.benchmarks import Question
+    from training.agent.rollout import token_mask
+    from training.protocols.base import load_protocol
+    from training.rl.verl.agent_loop import step_completion
+
+    tok = smol_tokenizer
+    a, b = "<think> ok </think> <answer> \\boxed{Tim Bur", "ton} </answer>"
+    sampled = tok(a, add_special_tokens=False)["input_ids"] + tok(b, add_special_tokens=False)["input_ids"]
+    assert sampled != tok(a + b, add_special_tokens=False)["input_ids"]  # not what re-tokenizing gives
+    protocol = load_protocol("smartsearch", top_k=1, max_turns=2, template="instruct")
+    state = protocol.start(Question(id="q", question="Who directed Ed Wood?", golden_answers=["Tim Burton"]), tok)
+    comp = step_completion([*sampled, tok.eos_token_id], tok, protocol.stop_strings(state), 64, protocol.keep_eos)
+    assert comp.finish_reason == "eos" and comp.text == a + b + tok.eos_token
+    protocol.on_completion(state, comp)
+    ids, mask, retokenized = token_mask(tok, state.prompt, state.segments)
+    assert retokenized == 0 and ids == [*sampled, tok.eos_token_id] and all(mask)

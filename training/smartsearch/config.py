@@ -160,6 +160,12 @@ class Stage1Spec(StrictModel):
 
     questions: list[QuestionSource] = Field(description="Training questions to sample on.")
     policy: str | None = Field(default=None, description="Sampling policy (None = the experiment's model).")
+    policy_warmup_steps: int = Field(
+        default=0, ge=0, description="0 = sample with `policy` as it is (the seed, whose sampling policy is a strong "
+        "model). N > 0 = a stand-in for that strong policy where only a small model is at hand (NOT the seed): the "
+        "scripted teacher trajectories are screened first, `model` is fine-tuned N steps on the kept ones (the "
+        "`sft` settings, max_steps = N) and the policy's samples come from that checkpoint, so they search and "
+        "their rounds reach the judge. The stage's own SFT still starts from `model`. Needs `teacher`.")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Sampling settings.")
     teacher: WarmupConfig | None = Field(
         default=None, description="Scripted strong-policy trajectories (decompositions/FireAct rendered by the "
@@ -171,6 +177,13 @@ class Stage1Spec(StrictModel):
         "LLaMA-Factory alpaca `output` holds the <result> blocks), so the default follows it; retrieved text is "
         "masked in GRPO either way.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="LLaMA-Factory SFT settings.")
+
+    @model_validator(mode="after")
+    def _warmup_needs_teacher(self) -> Stage1Spec:
+        if self.policy_warmup_steps and self.teacher is None:
+            raise ValueError("stage1.policy_warmup_steps fine-tunes the policy on the teacher trajectories: set "
+                             "stage1.teacher, or policy_warmup_steps: 0")
+        return self
 
 
 class DPOSpec(StrictModel):

@@ -1,9 +1,11 @@
 """SmartSearch stages 1 and 2 and the held-out evaluation, each writing a directory that ends with its manifest.
 
 - :func:`run_stage1` (screened imitation): sample with the policy (+ scripted teacher trajectories when the preset
-  asks), judge every round, screen (format, redundancy <= 1, every verdict 1, F1 >= min_f1), SFT on the kept
-  ones with retrieved text masked (``mask_retrieved: false`` = the seed's unmasked SFT). Zero kept trajectories is
-  not an error: the stage records it and passes its input model on.
+  asks; with ``policy_warmup_steps`` the policy is first fine-tuned a few steps on the screened teacher
+  trajectories, :func:`warm_up_policy`, a stand-in for the seed's strong sampling model), judge every round,
+  screen (format, redundancy <= 1, every verdict 1, F1 >= min_f1), SFT on the kept ones with retrieved text
+  masked (``mask_retrieved: false`` = the seed's unmasked SFT). Zero kept trajectories is not an error: the stage
+  records it and passes its input model on.
 - :func:`run_stage2` (query alignment): sample with the SFT model, judge, refine the low-quality rounds, continue
   each refined prefix with the same model, judge the regenerations, build pairs by the seed's rules, LoRA DPO,
   merge. Zero pairs passes the model on the same way.
@@ -96,7 +98,7 @@ def teacher_trajectories(cfg: SmartSearchConfig, tokenizer: Any) -> list[Any]:
         return []
     shim = SimpleNamespace(retrieval=cfg.retrieval, top_k=cfg.top_k,
                            stages=[SimpleNamespace(top_k=cfg.top_k, max_turns=cfg.stage3.max_turns)],
-                           template=cfg.template)
+                           template=cfg.template, stage_top_k=lambda stage: stage.top_k or cfg.top_k)
     sources, _ = warmup_sources(shim, w)
     protocol = protocol_for(cfg)
     out = []
@@ -147,25 +149,34 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
         return done
     t0, out = time.perf_counter(), artifacts.local_path(out_uri)
     s1 = cfg.stage1
-    policy = s1.policy or cfg.model
-    sampled, _, tok = sample(cfg, policy, load_questions(s1.questions), s1.sampling, searcher)
-    teacher = teacher_trajectories(cfg, tok)
+    policy, warm_counts = s1.policy or cfg.model, dict[str, float]()
+    if s1.policy_warmup_steps:
+        from training.generation.models import load_tokenizer
+
+        tok0 = load_tokenizer(resolve_model(policy))
+        teacher = teacher_trajectories(cfg, tok0)
+        t_verdicts = judge.judge_trajectories(teacher)
+        policy, warm_counts = warm_up_policy(cfg, teacher, t_verdicts, tok0, out / "warmup")
+        sampled, _, tok = sample(cfg, policy, load_questions(s1.questions), s1.sampling, searcher)
+        verdicts = [*judge.judge_trajectories(sampled), *t_verdicts]
+    else:
+        sampled, _, tok = sample(cfg, policy, load_questions(s1.questions), s1.sampling, searcher)
+        teacher = teacher_trajectories(cfg, tok)
+        verdicts = judge.judge_trajectories([*sampled, *teacher])
     pool = [*sampled, *teacher]
-    verdicts = judge.judge_trajectories(pool)
     sources = ["policy"] * len(sampled) + ["teacher"] * len(teacher)
     scored = [score(t, v, src) for t, v, src in zip(pool, verdicts, sources, strict=True)]
-    reasons = [screen_reason(s, s1.screen.min_f1, s1.screen.require_format, s1.screen.failed_verdict,
-                             cfg.judge.max_redundancy) for s in scored]
+    reasons = [_screen(cfg, s) for s in scored]
     kept = [t for t, r in zip(pool, reasons, strict=True) if r == "kept"]
     _write_records(out, "trajectories.jsonl", pool)
     _write_records(out, "verdicts.jsonl", [v for vs in verdicts for v in vs])
     _write_records(out, "screen.jsonl", [{**s.model_dump(mode="json", exclude={"prompt", "response"}),
                                           "decision": r} for s, r in zip(scored, reasons, strict=True)])
     counts: dict[str, float] = {"sampled_policy": len(sampled), "sampled_teacher": len(teacher),
-                                "kept": len(kept), **_verdict_counts(verdicts)}
+                                "kept": len(kept), **_verdict_counts(verdicts, pool), **warm_counts}
     for src in ("policy", "teacher"):
-        own = [vs for vs, s_ in zip(verdicts, sources, strict=True) if s_ == src]
-        counts |= {f"{k}_{src}": v for k, v in _verdict_counts(own).items()}
+        own = [(t, vs) for t, vs, s_ in zip(pool, verdicts, sources, strict=True) if s_ == src]
+        counts |= {f"{k}_{src}": v for k, v in _verdict_counts([vs for _, vs in own], [t for t, _ in own]).items()}
     counts |= {f"kept_{src}": sum(1 for s, r in zip(scored, reasons, strict=True) if r == "kept" and s.source == src)
                for src in ("policy", "teacher")}
     counts |= {f"dropped_{k}": v for k, v in Counter(r for r in reasons if r != "kept").items()}
@@ -190,9 +201,54 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
     return _finish(out, "sft", str(model), trained, counts, losses, t0, ckpt)
 
 
-def _verdict_counts(verdicts: list[list[Any]]) -> dict[str, float]:
+def _screen(cfg: SmartSearchConfig, s: Scored) -> str:
+    sc = cfg.stage1.screen
+    return screen_reason(s, sc.min_f1, sc.require_format, sc.failed_verdict, cfg.judge.max_redundancy)
+
+
+def warm_up_policy(cfg: SmartSearchConfig, teacher: list[Any], verdicts: list[list[Any]], tokenizer: Any,
+                   out: Path) -> tuple[str, dict[str, float]]:
+    """``stage1.policy_warmup_steps``: fine-tune ``cfg.model`` that many steps on the teacher trajectories the
+    stage-1 screen keeps; returns (the checkpoint the policy samples from, ``warmup_*`` counts).
+
+    A stand-in for the seed's strong sampling policy (a 135M base model never writes ``<search>``, so none of its
+    rounds would reach the judge); the same screen and SFT settings as the stage's own SFT, fewer steps. With no
+    kept teacher row the initial policy is sampled as it is (counted, logged)."""
+    from training.rl.config import resolve_model
+    from training.sft.launcher import train_sft_tokenized
+
+    s1 = cfg.stage1
+    kept = [t for t, v in zip(teacher, verdicts, strict=True) if _screen(cfg, score(t, v, "teacher")) == "kept"]
+    rows = sft_rows(kept, tokenizer, s1.mask_retrieved)
+    fits = sft_fit(rows, s1.sft.cutoff_len)
+    counts: dict[str, float] = {"warmup_rows": fits["kept"], "warmup_steps": 0}
+    policy = s1.policy or cfg.model
+    if not fits["kept"]:
+        log.warning("stage 1 policy warm-up: no teacher trajectory passed the screen; the policy samples as it is")
+        return policy, counts
+    artifacts.write_jsonl(out / "sft_rows.jsonl", rows)
+    # not reported into the stage's MLflow run (the stage's own SFT reports there; a second trainer's params would
+    # clash); its loss curve stays in warmup/sft/ and its counts in counts.json
+    sft = s1.sft.model_copy(update={"max_steps": s1.policy_warmup_steps, "report_to_mlflow": False})
+    ref = train_sft_tokenized(sft, out / "sft_rows.jsonl", str(resolve_model(policy)), out / "sft",
+                              run_name="stage1-policy-warmup")
+    counts["warmup_steps"] = float(ref.steps or s1.policy_warmup_steps)
+    curve = artifacts.read_jsonl(out / "sft" / "loss_curve.jsonl")
+    counts |= {"warmup_loss_first": curve[0]["loss"], "warmup_loss_last": curve[-1]["loss"]} if curve else {}
+    return ref.uri, counts
+
+
+def model_written_rounds(trajs: list[Any], verdicts: list[list[Any]]) -> int:
+    """Judged rounds with no executed search behind them: ``</result>`` blocks the policy wrote itself (the judge
+    judges every ``</result>`` of the text, as the seed's does; this count tells them from real searches)."""
+    return sum(max(0, len(vs) - sum("</result>" in turn.inserted for turn in t.turns))
+               for t, vs in zip(trajs, verdicts, strict=True))
+
+
+def _verdict_counts(verdicts: list[list[Any]], trajs: list[Any] | None = None) -> dict[str, float]:
     flat = [v for vs in verdicts for v in vs]
-    return {"rounds_judged": len(flat), "verdict_1": sum(v.verdict == 1 for v in flat),
+    written = {"rounds_model_written": model_written_rounds(trajs, verdicts)} if trajs is not None else {}
+    return {"rounds_judged": len(flat), **written, "verdict_1": sum(v.verdict == 1 for v in flat),
             "verdict_0": sum(v.verdict == 0 for v in flat), "verdict_failed": sum(v.verdict is None for v in flat),
             "redundant_rounds": sum(v.redundancy > 1 for v in flat), "low_quality": sum(v.low_quality for v in flat)}
 
@@ -242,11 +298,11 @@ def run_stage2(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, 
     _write_records(out, "pairs.jsonl", pairs)
     counts: dict[str, float] = {
         "sampled": len(originals), "correct_originals": sum(s.f1 >= s2.min_f1 for s in o_scored),
-        **_verdict_counts(verdicts), "refine_requests": len(refinements),
+        **_verdict_counts(verdicts, originals), "refine_requests": len(refinements),
         "refined": sum(r.refined_query is not None for r in refinements),
         "refine_failed": sum(r.refined_query is None for r in refinements), "regenerations": len(regens),
         "correct_regenerations": sum(s.f1 >= s2.min_f1 for s in r_scored),
-        **{f"{k}_regenerations": v for k, v in _verdict_counts(regen_verdicts).items()},
+        **{f"{k}_regenerations": v for k, v in _verdict_counts(regen_verdicts, regens).items()},
         **{f"pairs_{k}": v for k, v in pair_counts(pairs).items()}, "pairs": len(pairs),
         "endpoint_failed_calls": client.failures if client is not None else 0}
     del gen

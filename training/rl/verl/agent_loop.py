@@ -57,6 +57,20 @@ def _completion(token_ids: list[int], tokenizer: Any, stops: tuple[str, ...], bu
     return Completion(text=text, token_ids=ids, finish_reason=reason)
 
 
+def step_completion(token_ids: list[int], tokenizer: Any, stops: tuple[str, ...], budget: int,
+                    keep_eos: bool) -> Any:
+    """One generation step's ``Completion`` as the protocol receives it: :func:`_completion`, then, for protocols
+    that keep the EOS (``keep_eos``), the EOS appended to the text *and* its sampled id to the ids (as the rollout
+    engine does), so ``token_mask`` trains on the sampled ids of the final step instead of re-tokenizing its text
+    (the ids would no longer decode to the text with the EOS text added but not its id)."""
+    comp = _completion(token_ids, tokenizer, stops, budget)
+    if comp.finish_reason == "eos" and keep_eos and tokenizer.eos_token:
+        comp.text += tokenizer.eos_token
+        if tokenizer.eos_token_id is not None:
+            comp.token_ids = [*comp.token_ids, tokenizer.eos_token_id]
+    return comp
+
+
 class OpenAIServerManager:
     """verl's ``server_manager.generate`` (token ids in, ``TokenOutput``-shaped ids out) over any OpenAI-compatible
     ``/v1/completions`` server: ours or ``vllm serve``. On a GPU cluster verl supplies its own manager; this one lets
@@ -133,9 +147,8 @@ def _make_class() -> type:
             budget = max(1, min(self.per_turn, self.response_length - used))
             out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=ids,
                                                      sampling_params={**sampling_params, "max_tokens": budget})
-            comp = _completion(list(out.token_ids), self.tokenizer, self.protocol.stop_strings(state), budget)
-            if comp.finish_reason == "eos" and self.protocol.keep_eos and self.tokenizer.eos_token:
-                comp.text += self.tokenizer.eos_token
+            comp = step_completion(list(out.token_ids), self.tokenizer, self.protocol.stop_strings(state), budget,
+                                   self.protocol.keep_eos)
             await self._apply(state, comp)
             return used + len(comp.token_ids)
 
