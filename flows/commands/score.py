@@ -50,7 +50,7 @@ def _write_outputs(scored, out: Path, predictions: Path) -> None:
 def _extractor(protocol: str):
     from infra.errors import ConfigError
     from infra.lazy import load_object, unknown_name
-    from training.protocols.base import PROTOCOLS
+    from training.protocols.registry import PROTOCOLS
 
     if protocol not in PROTOCOLS:
         raise ConfigError("--extract: " + unknown_name("protocol", protocol, PROTOCOLS))

@@ -24,7 +24,7 @@ from training.agent.records import Trajectory, write_trajectories
 from training.agent.rollout import RolloutConfig, run_rollouts
 from training.agent.traces import TraceConfig
 from training.generation.spec import GeneratorSpec, open_generator
-from training.protocols.base import ProtocolName
+from training.protocols.registry import ProtocolName
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import ConfigError
-from infra.lazy import pick, table_name
+from training.protocols.registry import PROTOCOLS as PROTOCOLS  # re-exported (the table lives in the leaf registry)
+from training.protocols.registry import ProtocolName as ProtocolName
+from training.protocols.registry import protocol_class
 
 if TYPE_CHECKING:
     from evaluation.benchmarks import Question
@@ -30,17 +32,6 @@ if TYPE_CHECKING:
 
 FinishReason = Literal["answer", "eos", "max_turns", "length"]
 
-PROTOCOLS: dict[str, str] = {
-    "research": "training.protocols.research:ReSearchProtocol",
-    "searchr1": "training.protocols.searchr1:SearchR1Protocol",
-    "r1searcher": "training.protocols.r1searcher:R1SearcherProtocol",
-    "exsearch": "training.protocols.exsearch:ExSearchProtocol",
-    "smartsearch": "training.protocols.smartsearch:SmartSearchProtocol",
-}
-
-
-ProtocolName = table_name(PROTOCOLS, "protocol")
-"""A config field naming a protocol: checked when the config loads, with the other errors."""
 
 
 class FormatCheck(BaseModel):
@@ -300,4 +291,4 @@ def load_protocol(name: str, **kwargs: Any) -> SearchProtocol:
     Raises:
         ConfigError: naming the known protocols when ``name`` is unknown.
     """
-    return pick(PROTOCOLS, name, "protocol")(**kwargs)
+    return protocol_class(name)(**kwargs)

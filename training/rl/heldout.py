@@ -93,19 +93,18 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     from training.agent.heldout import means
     from training.agent.records import write_trajectories
     from training.agent.rollout import run_rollouts
-    from training.generation.models import load_tokenizer
-    from training.rl.config import resolve_model
+    from training.generation.models import load_tokenizer, resolve_policy
 
     path = artifacts.join(out_uri, "heldout.jsonl")
     if artifacts.read_manifest(out_uri) is not None:
         return path
-    ecfg = eval_config(cfg, resolve_model(model))
+    ecfg = eval_config(cfg, resolve_policy(model))
     questions = heldout_questions(cfg)
     t0 = time.perf_counter()
     trajs = run_rollouts(questions, ecfg.protocol, open_generator(ecfg.generator), open_searcher(ecfg.retriever),
                          ecfg.rollout)
     seconds = time.perf_counter() - t0
-    rows = heldout_rows(cfg, trajs, load_tokenizer(resolve_model(model)))
+    rows = heldout_rows(cfg, trajs, load_tokenizer(resolve_policy(model)))
     write_trajectories(trajs, artifacts.join(out_uri, "trajectories"), protocol=cfg.protocol)
     artifacts.write_jsonl(path, rows)
     artifacts.write_manifest(out_uri, kind="rl_heldout", model=model, count=len(rows), means=means(rows),

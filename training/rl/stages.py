@@ -23,9 +23,10 @@ from infra.config import config_hash
 from infra.registry import RegisteredCheckpoint
 from infra.tracking import child_run
 from retrieval.open import open_searcher
+from training.generation.models import resolve_policy
 from training.generation.spec import open_generator
 from training.refs import CheckpointRef
-from training.rl.config import RLConfig, StageSpec, resolve_model
+from training.rl.config import RLConfig, StageSpec
 from training.rl.data import RLDataRef, train_split
 from training.rl.engines import get_engine
 
@@ -90,7 +91,7 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
     if tcfg is None:
         raise ValueError(f"stage {stage.name!r} has no trl settings")
     out = artifacts.local_path(out_uri)
-    model_path = resolve_model(init_model)
+    model_path = resolve_policy(init_model)
     tok = load_tokenizer(model_path)
     protocol = load_protocol(cfg.protocol, top_k=cfg.stage_top_k(stage), max_turns=stage.max_turns,
                              template=cfg.template)
@@ -201,7 +202,7 @@ def _policy_rollouts(cfg: RLConfig, model: str, questions: list[Any], n: int, te
     stage = cfg.stages[0]
     protocol = load_protocol(cfg.protocol, top_k=cfg.stage_top_k(stage), max_turns=stage.max_turns,
                              template=cfg.template)
-    gen = open_generator(cfg.eval.generator.model_copy(update={"model": resolve_model(model)}))
+    gen = open_generator(cfg.eval.generator.model_copy(update={"model": resolve_policy(model)}))
     rcfg = RolloutConfig(n=n, temperature=temperature, best_of=1, max_total_tokens=max_tokens, seed=0)
     return run_rollouts(questions, protocol, gen, open_searcher(cfg.retrieval), rcfg)
 

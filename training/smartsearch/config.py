@@ -11,10 +11,10 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from infra.config import StrictModel
-from retrieval.open import RetrieverSpec
+from retrieval.config import RetrieverSpec
 from training.refs import QuestionSource
+from training.rl.config import TRLSearchConfig
 from training.rl.engines import ENGINES, EngineName
-from training.rl.trl_engine import TRLSearchConfig
 from training.rl.verl.config import VerlConfig
 from training.sft.config import SFTConfig, WarmupConfig
 

@@ -77,9 +77,9 @@ def sample(cfg: SmartSearchConfig, model: str, questions: list[Any], s: Sampling
     """Trajectories of ``model`` on ``questions`` (n per question); returns (trajectories, generator, tokenizer)."""
     from training.agent.rollout import run_rollouts
     from training.generation.hf import TransformersGenerator
-    from training.rl.config import resolve_model
+    from training.generation.models import resolve_policy
 
-    gen = TransformersGenerator.from_model(resolve_model(model))
+    gen = TransformersGenerator.from_model(resolve_policy(model))
     trajs = run_rollouts(questions, protocol_for(cfg), gen, searcher, rollout_config(s), gen.tokenizer)
     return trajs, gen, gen.tokenizer
 
@@ -129,7 +129,7 @@ def _write_records(out: Path, name: str, rows: list[Any]) -> None:
 def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
                mlflow_run_id: str | None = None) -> StageResult:
     """Stage 1 (module docstring); skipped when the directory is complete."""
-    from training.rl.config import resolve_model
+    from training.generation.models import resolve_policy
     from training.sft.launcher import train_sft_tokenized
 
     done = finished(out_uri)
@@ -156,11 +156,11 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
     counts |= {f"kept_{src}": sum(1 for s, r in zip(scored, reasons, strict=True) if r == "kept" and s.source == src)
                for src in ("policy", "teacher")}
     counts |= {f"dropped_{k}": v for k, v in Counter(r for r in reasons if r != "kept").items()}
-    model, trained, ckpt, losses = str(resolve_model(cfg.model)), False, {}, []
+    model, trained, ckpt, losses = str(resolve_policy(cfg.model)), False, {}, []
     if kept:
         data = out / "sft_rows.jsonl"
         artifacts.write_jsonl(data, sft_rows(kept, tok, s1.mask_retrieved))
-        ref = train_sft_tokenized(s1.sft, data, str(resolve_model(cfg.model)), out / "sft",
+        ref = train_sft_tokenized(s1.sft, data, str(resolve_policy(cfg.model)), out / "sft",
                                   mlflow_run_id=mlflow_run_id, run_name="stage1-sft")
         model, trained, ckpt = ref.uri, True, ref.model_dump()
         losses = [r["loss"] for r in artifacts.read_jsonl(out / "sft" / "loss_curve.jsonl")]
@@ -188,14 +188,14 @@ def _finish(out: Path, stage: str, model: str, trained: bool, counts: dict[str, 
 def run_stage2(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, init_model: str,
                out_uri: str) -> StageResult:
     """Stage 2 (module docstring); ``refiner`` = (EndpointClient, RefinerSpec); skipped when complete."""
-    from training.rl.config import resolve_model
+    from training.generation.models import resolve_policy
     from training.smartsearch.dpo import train_dpo
     from training.smartsearch.refine import continue_from_prefixes, refine_rounds, refined_prefix
 
     done = finished(out_uri)
     if done is not None:
         return done
-    init_model = str(resolve_model(init_model))
+    init_model = str(resolve_policy(init_model))
     t0, out = time.perf_counter(), artifacts.local_path(out_uri)
     s2 = cfg.stage2
     originals, gen, tok = sample(cfg, init_model, load_questions(s2.questions), s2.sampling, searcher)
