@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from flows.specs import Overrides, preset_choice, resolve
 from infra import artifacts
+from infra.paths import experiment_root
 from infra.registry import RegisteredCheckpoint
 from tasks.rl import (
     bucket_data_task,
@@ -33,7 +34,6 @@ from tasks.rl import (
 from training.refs import CheckpointRef
 from training.rl.config import RLConfig
 from training.rl.heldout import LearningRef
-from training.rl.stages import experiment_root
 from training.rl.warmup import warmup_root
 
 RLPreset = preset_choice("rl-finetune")
@@ -61,7 +61,7 @@ def rl_finetune(preset: RLPreset = "research_grpo_cpu_demo", overrides: Override
     """
     logger = get_run_logger()
     cfg: RLConfig = resolve("rl-finetune", preset, overrides)  # type: ignore[assignment]
-    root = experiment_root(cfg)
+    root = str(experiment_root("rl", cfg.name, cfg.key()))
     run_id = open_run_task(cfg)
     logger.info("rl_finetune %s (engine %s) in %s, MLflow run %s", cfg.name, cfg.engine, root, run_id)
     data = prepare_data_task(cfg, artifacts.join(root, "data"))

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from flows.specs import Overrides, preset_choice, resolve
 from infra import artifacts
+from infra.paths import experiment_root
 from infra.registry import RegisteredCheckpoint
 from tasks.smartsearch import (
     evaluate_task,
@@ -27,7 +28,6 @@ from tasks.smartsearch import (
     stop_endpoint_task,
 )
 from training.smartsearch.config import SmartSearchConfig
-from training.smartsearch.session import experiment_root
 from training.smartsearch.stages import StageResult
 
 SmartSearchPreset = preset_choice("smartsearch-curriculum")
@@ -56,7 +56,7 @@ def smartsearch_curriculum(preset: SmartSearchPreset = "smartsearch_cpu_demo",  
     """
     logger = get_run_logger()
     cfg: SmartSearchConfig = resolve("smartsearch-curriculum", preset, overrides)  # type: ignore[assignment]
-    root = experiment_root(cfg)
+    root = str(experiment_root("smartsearch", cfg.name, cfg.key()))
     run_id = open_run_task(cfg)
     logger.info("smartsearch-curriculum %s in %s, MLflow run %s", cfg.name, root, run_id)
     served = None if cfg.endpoint.base_url else start_endpoint_task(cfg, artifacts.join(root, "services"))

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from evaluation.benchmarks import load_benchmark
 from evaluation.metrics import answer_metrics, retrieval_metrics
@@ -38,12 +38,20 @@ class AgentEvalConfig(StrictModel):
     protocol: ProtocolName = Field(default="research", description="Tag protocol: research, searchr1, r1searcher, "
                                                                    "exsearch, smartsearch.")
     generator: GeneratorSpec = Field(default_factory=GeneratorSpec, description="Generation engine and model.")
-    retriever: RetrieverSpec = Field(default_factory=lambda: RetrieverSpec(corpus=["data/corpus/mini.jsonl"]),
+    retrieval: RetrieverSpec = Field(default_factory=lambda: RetrieverSpec(corpus=["data/corpus/mini.jsonl"]),
                                      description="Retriever used by the agent (url | index | corpus).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout settings.")
     normalization: Literal["squad", "r1searcher", "exsearch_released_buggy"] = Field(
         default="squad", description="Answer normalization (exsearch_released_buggy reproduces a known bug).")
     limit: int | None = Field(default=None, ge=1, description="Questions per dataset (first N).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retriever_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "retriever" in data:
+            raise ValueError("`retriever:` is now `retrieval:` (the same url | index | corpus fields, spelled as in "
+                             "every other config): rename the key, e.g. agent.retrieval.corpus=data/corpus/mini.jsonl")
+        return data
 
 
 class DatasetEvalRef(BaseModel):
@@ -86,7 +94,7 @@ def evaluate_dataset(
     if not questions:
         raise ConfigError(f"benchmark {dataset!r} has no questions (check the file or the limit)")
     generator = generator or open_generator(cfg.generator, cached=True)
-    searcher = searcher or open_searcher(cfg.retriever)
+    searcher = searcher or open_searcher(cfg.retrieval)
     t0 = time.perf_counter()
     trajs = run_rollouts(questions, cfg.protocol, generator, searcher, cfg.rollout)
     seconds = time.perf_counter() - t0
@@ -141,16 +149,13 @@ def log_evaluation(run_id: str, summary: EvalSummary, refs: list[DatasetEvalRef]
     """Log ``{protocol/dataset}/{metric}`` means, the report and each dataset's files to MLflow run ``run_id``, and
     fill MLflow's agent views: each question set as a dataset input, a per-question results table and a sample of
     the trajectories as traces (``training.agent.traces``)."""
-    import mlflow
-
     from evaluation.benchmarks import resolve_benchmark
     from infra.errors import DataError
-    from infra.tracking import configure, log_artifact, log_metrics
+    from infra.tracking import log_artifact, log_metrics, resume_run
     from training.agent.records import read_trajectories
     from training.agent.traces import log_dataset_evaluation
 
-    configure()
-    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+    with resume_run(run_id):
         flat = {f"{key}/{name}": value for key, row in summary.table.items() for name, value in row.items()}
         log_metrics(flat)
         local = artifacts.local_path(summary.uri)

@@ -313,17 +313,12 @@ def report_learning(
         for f in files:
             shutil.copy2(f, dest / f.name)
     if mlflow_run_id:
-        from mlflow import MlflowClient
+        from infra.tracking import log_artifact, log_metrics, set_tags
 
-        client = MlflowClient()
         for f in files:
-            client.log_artifact(mlflow_run_id, str(f), artifact_path="learning")
-        for field, d in summary["paired"].items():
-            for k in ("start", "final", "diff", "low", "high"):
-                if math.isfinite(d[k]):
-                    client.log_metric(mlflow_run_id, f"heldout_{field}_{k}", d[k])
-        from infra.tracking import set_tags
-
+            log_artifact(f, artifact_path="learning", run_id=mlflow_run_id)
+        log_metrics({f"heldout_{field}_{k}": d[k] for field, d in summary["paired"].items()
+                     for k in ("start", "final", "diff", "low", "high")}, run_id=mlflow_run_id)
         set_tags(alarm_tags(alarms), run_id=mlflow_run_id)
     for a in alarms:
         log.warning("%s health alarm: %s", recipe, a.message)

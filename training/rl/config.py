@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from infra.config import StrictModel
+from infra.config import StrictModel, config_hash
 from retrieval.config import RetrieverSpec
 from training.agent.config import AlarmConfig
 from training.generation.config import GeneratorSpec
@@ -199,6 +199,14 @@ class RLConfig(StrictModel):
         """Documents per search in ``stage``: the stage's ``top_k``, else the preset's (the one place this is
         decided; rollouts, warm-up, verl's tool and agent loop all read it)."""
         return stage.top_k or self.top_k
+
+    def key(self) -> str:
+        """Short hash of the preset + overrides (its experiment directory, ``infra.paths.experiment_root``); the
+        warm-up SFT's ``timeout_s`` is left out, so a re-run may raise it and still reuse the directory."""
+        data = self.model_dump(mode="json")
+        if data["init"].get("warmup"):
+            data["init"]["warmup"]["sft"].pop("timeout_s", None)
+        return config_hash(data)[:10]
 
     def eval_top_k(self) -> int:
         """Documents per search at evaluation: ``eval.top_k``, else the last stage's."""

@@ -244,11 +244,9 @@ def _log_mlflow(metrics: Mapping[str, float], step: int) -> None:
     from infra import tracking
 
     try:
-        import mlflow
-
-        if mlflow.active_run() is None:
+        if tracking.active_run_id() is None:
             return
-    except ImportError:
+    except ImportError:  # an engine environment without mlflow
         return
     tracking.log_metrics(metrics, step=step)
 

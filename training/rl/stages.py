@@ -33,19 +33,6 @@ from training.rl.engines import get_engine
 log = logging.getLogger(__name__)
 
 
-def experiment_root(cfg: RLConfig) -> str:
-    """The experiment directory: same preset + overrides -> same directory, so a re-run resumes.
-
-    The warm-up SFT's ``timeout_s`` is left out of the key, so a re-run may raise it and still reuse the directory.
-    """
-    from infra.settings import get_settings
-
-    data = cfg.model_dump(mode="json")
-    if data["init"].get("warmup"):
-        data["init"]["warmup"]["sft"].pop("timeout_s", None)
-    return str(get_settings().runs_dir / "rl" / f"{cfg.name}-{config_hash(data)[:10]}")
-
-
 def finished_stage(out_uri: str) -> CheckpointRef | None:
     """The CheckpointRef of a completed stage directory, or None when it has no manifest."""
     manifest = artifacts.read_manifest(out_uri)
@@ -177,14 +164,13 @@ def register_checkpoint(ref: CheckpointRef, name: str) -> RegisteredCheckpoint:
     (idempotent per folder and run; portable through ``models:/<name>/<version>``), tagged with stage, engine and
     steps.
     """
-    import mlflow
-
     from infra.registry import log_checkpoint
+    from infra.tracking import active_run_id, set_tags
 
     tags = {"stage": ref.stage, "engine": ref.engine, "steps": str(ref.steps)}
     reg = log_checkpoint(ref.uri, name, tags=tags)
-    if mlflow.active_run() is not None:
-        mlflow.set_tag("registered_model", f"{name}/{reg.version}")
+    if active_run_id() is not None:
+        set_tags({"registered_model": f"{name}/{reg.version}"})
     return reg
 
 
@@ -299,10 +285,7 @@ def bucket_data(cfg: RLConfig, data: RLDataRef, model: str, out_uri: str) -> RLD
 
 def open_parent_run(cfg: RLConfig) -> str:
     """Create the experiment's parent MLflow run (params = the preset) and return its id."""
-    import mlflow
-
-    with child_run(None, f"rl-{cfg.name}", cfg.model_dump(mode="json")) as run:
-        mlflow.set_tag("searchloop.flow", "rl_finetune")
+    with child_run(None, f"rl-{cfg.name}", cfg.model_dump(mode="json"), tags={"searchloop.flow": "rl_finetune"}) as run:
         return run.info.run_id
 
 

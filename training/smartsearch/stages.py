@@ -245,7 +245,7 @@ def evaluate_model(cfg: SmartSearchConfig, model: str, out_uri: str) -> dict[str
     rollout = RolloutConfig(temperature=0.0, best_of=1, top_k=cfg.top_k, max_turns=cfg.stage3.max_turns,
                             max_total_tokens=cfg.eval.max_new_tokens,
                             max_tokens_per_turn=min(cfg.eval.max_new_tokens, 512))
-    ecfg = AgentEvalConfig(protocol="smartsearch", generator=GeneratorSpec(model=model), retriever=cfg.retrieval,
+    ecfg = AgentEvalConfig(protocol="smartsearch", generator=GeneratorSpec(model=model), retrieval=cfg.retrieval,
                            rollout=rollout, limit=cfg.eval.limit)
     out: dict[str, dict[str, float]] = {}
     for name in cfg.eval.benchmarks:

@@ -26,6 +26,7 @@ import yaml
 from infra import artifacts
 from infra.config import config_hash
 from infra.errors import SearchloopError
+from infra.paths import repo_path
 from infra.settings import REPO_ROOT, get_settings
 from training.generation.models import resolve_policy
 from training.refs import CheckpointRef
@@ -36,7 +37,7 @@ from training.rl.verl.config import VerlConfig, render_overrides, render_search_
 
 log = logging.getLogger(__name__)
 
-REWARD_MODULE = REPO_ROOT / "training" / "rewards" / "adapters.py"
+REWARD_MODULE = repo_path("training/rewards/adapters.py")
 
 
 class VerlRunError(SearchloopError):
