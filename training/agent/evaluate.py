@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
 from evaluation.benchmarks import load_benchmark
 from evaluation.metrics import answer_metrics, retrieval_metrics
+from evaluation.normalize import NormalizationName
 from infra import artifacts
 from infra.config import StrictModel
 from infra.errors import ConfigError
@@ -24,7 +25,7 @@ from training.agent.records import Trajectory, write_trajectories
 from training.agent.rollout import RolloutConfig, run_rollouts
 from training.agent.traces import TraceConfig
 from training.generation.spec import GeneratorSpec, open_generator
-from training.protocols.registry import ProtocolName
+from training.protocols.registry import ProtocolName, protocol_class
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +36,20 @@ EXAMPLE_METRICS = ("em", "f1", "acc", "precision", "recall", "cem", "searches", 
 class AgentEvalConfig(StrictModel):
     """One agent evaluation: protocol, model, retriever, rollout settings and scoring options."""
 
-    protocol: ProtocolName = Field(default="research", description="Tag protocol: research, searchr1, r1searcher, "
-                                                                   "exsearch, smartsearch.")
+    protocol: ProtocolName = Field(default="research", description="Tag protocol: a key of "
+                                                                   "training.protocols.registry.PROTOCOLS.")
     generator: GeneratorSpec = Field(default_factory=GeneratorSpec, description="Generation engine and model.")
     retrieval: RetrieverSpec = Field(default_factory=lambda: RetrieverSpec(corpus=["data/corpus/mini.jsonl"]),
                                      description="Retriever used by the agent (url | index | corpus).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout settings.")
-    normalization: Literal["squad", "r1searcher", "exsearch_released_buggy"] = Field(
-        default="squad", description="Answer normalization (exsearch_released_buggy reproduces a known bug).")
+    normalization: NormalizationName | None = Field(  # type: ignore[valid-type]
+        default=None, description="Answer normalization, a name in evaluation.normalize.NORMALIZATIONS "
+        "(exsearch_released_buggy reproduces a known bug); None: the protocol's own (SearchProtocol.normalization).")
     limit: int | None = Field(default=None, ge=1, description="Questions per dataset (first N).")
+
+    def answer_normalization(self) -> str:
+        """``normalization``, else the protocol's own rule."""
+        return self.normalization or protocol_class(self.protocol).normalization
 
     @model_validator(mode="before")
     @classmethod
@@ -99,7 +105,7 @@ def evaluate_dataset(
     trajs = run_rollouts(questions, cfg.protocol, generator, searcher, cfg.rollout)
     seconds = time.perf_counter() - t0
     gold = {q.id: list(q.supporting_doc_ids) for q in questions}
-    examples = [score_trajectory(t, gold.get(t.question_id, []), cfg.normalization) for t in trajs]
+    examples = [score_trajectory(t, gold.get(t.question_id, []), cfg.answer_normalization()) for t in trajs]
     write_trajectories(trajs, artifacts.join(uri, "trajectories"), dataset=dataset, protocol=cfg.protocol)
     artifacts.write_jsonl(artifacts.join(uri, "examples.jsonl"), examples)
     artifacts.write_jsonl(artifacts.join(uri, "predictions.jsonl"), [

@@ -11,11 +11,12 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from evaluation.normalize import NormalizationName
 from infra.config import StrictModel, config_hash
 from retrieval.config import RetrieverSpec
 from training.agent.config import AlarmConfig
 from training.generation.config import GeneratorSpec
-from training.protocols.registry import ProtocolName
+from training.protocols.registry import ProtocolName, protocol_class
 from training.rewards.registry import RewardName
 from training.rl.engines import ENGINES, EngineName
 from training.rl.verl.config import VerlConfig
@@ -143,8 +144,9 @@ class EvalSpec(StrictModel):
     top_k: int | None = Field(
         default=None, ge=1, description="Documents per search at evaluation (R1-Searcher evaluates with 5, trains with "
         "3); None: the last stage's top-k.")
-    normalization: Literal["squad", "r1searcher"] = Field(
-        default="squad", description="Answer normalization for EM/F1/cover-EM (r1searcher: the seed's own rule).")
+    normalization: NormalizationName | None = Field(  # type: ignore[valid-type]
+        default=None, description="Answer normalization for EM/F1/cover-EM (a name in "
+        "evaluation.normalize.NORMALIZATIONS); None: the protocol's own rule (SearchProtocol.normalization).")
     generator: GeneratorSpec = Field(
         default_factory=lambda: GeneratorSpec(batch_size=16),
         description="Generation engine of evaluation and difficulty rollouts; its model is the policy evaluated.")
@@ -168,7 +170,7 @@ class RLConfig(StrictModel):
     model: str = Field(description="Initial policy: HF folder, or a name under the model cache.")
     init: InitSpec = Field(
         default_factory=InitSpec, description="Steps that make the initial policy from `model` (warm-up SFT).")
-    protocol: ProtocolName = Field(description="Tag protocol (research, searchr1, r1searcher, smartsearch, exsearch).")
+    protocol: ProtocolName = Field(description="Tag protocol (a key of training.protocols.registry.PROTOCOLS).")
     template: Literal["instruct", "base"] = Field(default="instruct", description="Prompt template kind.")
     data: DataSpec = Field(description="Question sets.")
     retrieval: RetrieverSpec = Field(
@@ -207,6 +209,11 @@ class RLConfig(StrictModel):
         if data["init"].get("warmup"):
             data["init"]["warmup"]["sft"].pop("timeout_s", None)
         return config_hash(data)[:10]
+
+    def eval_normalization(self) -> str:
+        """Answer normalization at evaluation: ``eval.normalization``, else the protocol's own rule (the protocol
+        class is imported by name, so this module stays a leaf)."""
+        return self.eval.normalization or protocol_class(self.protocol).normalization
 
     def eval_top_k(self) -> int:
         """Documents per search at evaluation: ``eval.top_k``, else the last stage's."""

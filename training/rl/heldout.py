@@ -53,7 +53,7 @@ def eval_config(cfg: Any, model: str) -> Any:
                             max_turns=stage.max_turns, max_total_tokens=cfg.eval.max_new_tokens)
     generator = cfg.eval.generator.model_copy(update={"model": model})
     return AgentEvalConfig(protocol=cfg.protocol, generator=generator, retrieval=retriever, rollout=rollout,
-                           limit=cfg.eval.limit, normalization=cfg.eval.normalization)
+                           limit=cfg.eval.limit, normalization=cfg.eval_normalization())
 
 
 def heldout_questions(cfg: Any) -> list[Any]:
@@ -81,7 +81,7 @@ def heldout_rows(cfg: Any, trajectories: list[Any], tokenizer: Any) -> list[dict
                     completion_ids=[list(t.token_ids) for t in trajectories])
     rows = []
     for t, r in zip(trajectories, scores, strict=True):
-        m = answer_metrics(t.final_answer, t.golden_answers, cfg.eval.normalization)
+        m = answer_metrics(t.final_answer, t.golden_answers, cfg.eval_normalization())
         rows.append({**heldout_row(t, r), "f1": m["f1"], "em": m["em"], "cover_em": m["acc"]})
     return rows
 
