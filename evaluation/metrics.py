@@ -237,6 +237,26 @@ class ScoreTable(BaseModel):
         """Flat ``{dataset: {metric: mean}}`` mapping, e.g. for MLflow logging."""
         return {r.dataset: {k: v.mean for k, v in r.metrics.items()} for r in self.rows}
 
+    def row(self, dataset: str) -> DatasetScores:
+        """The row of ``dataset``.
+
+        Raises:
+            KeyError: naming the datasets there are.
+        """
+        for r in self.rows:
+            if r.dataset == dataset:
+                return r
+        raise KeyError(f"no row {dataset!r}; rows: {[r.dataset for r in self.rows]}")
+
+    def flat(self) -> dict[str, float]:
+        """``{dataset/metric: mean, dataset/metric_low, dataset/metric_high, dataset/n}`` for MLflow."""
+        out: dict[str, float] = {}
+        for r in self.rows:
+            out[f"{r.dataset}/n"] = float(r.n)
+            for k, v in r.metrics.items():
+                out |= {f"{r.dataset}/{k}": v.mean, f"{r.dataset}/{k}_low": v.low, f"{r.dataset}/{k}_high": v.high}
+        return out
+
 
 def _summaries(examples: list[Mapping], names: Sequence[str], confidence: float, n_resamples: int, seed: int) -> dict:
     out = {}

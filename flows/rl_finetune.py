@@ -16,6 +16,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
 
+from evaluation.metrics import ScoreTable
 from flows.specs import Overrides, preset_choice, resolve
 from infra import artifacts
 from infra.paths import experiment_root
@@ -45,7 +46,8 @@ class RLResult(BaseModel):
     run_id: str = Field(description="Parent MLflow run id.")
     root: str = Field(description="Experiment directory.")
     checkpoints: list[CheckpointRef] = Field(description="One per stage, in order.")
-    scores: dict[str, dict[str, float]] = Field(default_factory=dict, description="{benchmark: {metric: mean}}.")
+    scores: ScoreTable | None = Field(default=None, description="Evaluation of the final checkpoint: a row per "
+                                      "benchmark, means with bootstrap intervals (None: no eval.benchmarks).")
     registered: RegisteredCheckpoint | None = Field(default=None, description="The registered final policy.")
     learning: LearningRef | None = Field(
         default=None, description="Held-out start vs final policy, paired (eval.compare_start).")
@@ -80,7 +82,7 @@ def rl_finetune(preset: RLPreset = "research_grpo_cpu_demo", overrides: Override
         logger.info("stage %s: %d steps -> %s", stage.name, ckpt.steps, ckpt.uri)
         ckpts.append(ckpt)
         model = ckpt.uri
-    scores, learning = {}, None
+    scores, learning = None, None
     if start is not None:
         final = heldout_task(cfg, model, artifacts.join(root, "heldout_final"), run_id, "final")
         learning = learning_report_task(cfg, start, final, ckpts, data, root, run_id)

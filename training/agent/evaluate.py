@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
 from evaluation.benchmarks import load_benchmark
-from evaluation.metrics import answer_metrics, retrieval_metrics
+from evaluation.metrics import ScoreTable, aggregate, answer_metrics, retrieval_metrics
 from evaluation.normalize import NormalizationName
 from infra import artifacts
 from infra.config import StrictModel
@@ -119,6 +121,23 @@ def evaluate_dataset(
     artifacts.write_manifest(uri, kind="agent_eval", dataset=dataset, count=len(examples), means=means,
                              seconds=seconds, config=cfg.model_dump(mode="json"))
     return DatasetEvalRef(dataset=dataset, uri=uri, n=len(examples), means=means, seconds=seconds)
+
+
+def score_checkpoint(cfg: AgentEvalConfig, benchmarks: Sequence[str], out_uri: str, confidence: float = 0.95,
+                     metrics: Sequence[str] = EXAMPLE_METRICS) -> ScoreTable:
+    """Evaluate one checkpoint (``cfg.generator.model``) on each benchmark (:func:`evaluate_dataset`, a directory
+    per benchmark under ``out_uri``) -> one row per benchmark (its file stem) with bootstrap intervals.
+
+    The one evaluation record of the loops: RL and SmartSearch return it, and EM's evaluation builds the same
+    :class:`~evaluation.metrics.ScoreTable`.
+    """
+    examples: list[dict[str, Any]] = []
+    for name in benchmarks:
+        stem = Path(name).stem
+        ref = evaluate_dataset(cfg, name, artifacts.join(out_uri, stem))
+        examples += [{**e, "dataset": stem} for e in artifacts.read_jsonl(artifacts.join(ref.uri, "examples.jsonl"))]
+    return aggregate(examples, [m for m in metrics if any(e.get(m) is not None for e in examples)],
+                     confidence=confidence)
 
 
 class EvalSummary(BaseModel):

@@ -18,6 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from evaluation.metrics import ScoreTable
 from infra import artifacts
 from infra.config import config_hash
 from infra.registry import RegisteredCheckpoint
@@ -207,21 +208,14 @@ def estimate_difficulty(cfg: RLConfig, questions: list[Any], model: str) -> dict
     return out
 
 
-def evaluate_rl_checkpoint(cfg: RLConfig, model: str, out_uri: str) -> dict[str, dict[str, float]]:
-    """Evaluate ``model`` on every ``cfg.eval.benchmarks`` entry (``training.agent.evaluate.evaluate_dataset``).
-
-    Returns ``{benchmark: {metric: mean}}``; each benchmark's directory (trajectories, examples, manifest) sits
-    under ``out_uri``.
-    """
-    from training.agent.evaluate import evaluate_dataset
+def evaluate_rl_checkpoint(cfg: RLConfig, model: str, out_uri: str) -> ScoreTable:
+    """Evaluate ``model`` on every ``cfg.eval.benchmarks`` entry (``training.agent.evaluate.score_checkpoint``):
+    one row per benchmark (means with bootstrap intervals); each benchmark's directory (trajectories, examples,
+    manifest) sits under ``out_uri``."""
+    from training.agent.evaluate import score_checkpoint
     from training.rl.heldout import eval_config
 
-    ecfg = eval_config(cfg, model)
-    out = {}
-    for name in cfg.eval.benchmarks:
-        ref = evaluate_dataset(ecfg, name, artifacts.join(out_uri, Path(name).stem))
-        out[Path(name).stem] = ref.means
-    return out
+    return score_checkpoint(eval_config(cfg, model), cfg.eval.benchmarks, out_uri)
 
 
 def prepare_data(cfg: RLConfig, out_uri: str, train: list[Any] | None = None) -> RLDataRef:
@@ -303,8 +297,8 @@ def log_stage(ref: CheckpointRef) -> None:
         log_artifact(rollouts, "rollouts")
 
 
-def log_scores(scores: dict[str, dict[str, float]]) -> None:
-    """Log ``{benchmark}/{metric}`` evaluation means to the active MLflow run."""
+def log_scores(scores: ScoreTable) -> None:
+    """Log ``{benchmark}/{metric}`` evaluation means (and interval ends) to the active MLflow run."""
     from infra.tracking import log_metrics
 
-    log_metrics({f"{b}/{m}": v for b, row in scores.items() for m, v in row.items()})
+    log_metrics(scores.flat())

@@ -60,11 +60,12 @@ def log_stage(result: StageResult) -> None:
             log_artifact(p, "data")
 
 
-def log_scores(scores: dict[str, dict[str, float]]) -> None:
-    """Held-out ``{benchmark}/{metric}`` means and interval ends to the active MLflow run."""
+def log_scores(scores: Any) -> None:
+    """Held-out ``{benchmark}/{metric}`` means and interval ends (an ``evaluation.metrics.ScoreTable``) to the
+    active MLflow run."""
     from infra.tracking import log_metrics
 
-    log_metrics({f"{b}/{m}": v for b, row in scores.items() for m, v in row.items()})
+    log_metrics(scores.flat())
 
 
 def register_stage(result: StageResult, name: str) -> Any:

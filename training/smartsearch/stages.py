@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from evaluation.metrics import ScoreTable
 from infra import artifacts
 from training.smartsearch.config import SamplingSpec, SmartSearchConfig
 from training.smartsearch.pairs import Scored, build_pairs, pair_counts, score, screen_reason
@@ -96,7 +97,7 @@ def teacher_trajectories(cfg: SmartSearchConfig, tokenizer: Any) -> list[Any]:
         return []
     shim = SimpleNamespace(retrieval=cfg.retrieval, top_k=cfg.top_k,
                            stages=[SimpleNamespace(top_k=cfg.top_k, max_turns=cfg.stage3.max_turns)],
-                           template=cfg.template)
+                           template=cfg.template, stage_top_k=lambda stage: cfg.top_k)
     sources, _ = warmup_sources(shim, w)
     protocol = protocol_for(cfg)
     out = []
@@ -236,10 +237,9 @@ def run_stage2(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, 
     return _finish(out, "dpo", ref.uri, True, counts, losses, t0, ref.model_dump())
 
 
-def evaluate_model(cfg: SmartSearchConfig, model: str, out_uri: str) -> dict[str, dict[str, float]]:
-    """Greedy held-out evaluation: ``{benchmark: {metric, metric_low, metric_high}}`` (bootstrap intervals)."""
-    from evaluation.metrics import bootstrap_ci
-    from training.agent.evaluate import AgentEvalConfig, GeneratorSpec, evaluate_dataset
+def evaluate_model(cfg: SmartSearchConfig, model: str, out_uri: str) -> ScoreTable:
+    """Greedy held-out evaluation: one row per benchmark, means with bootstrap intervals (``score_checkpoint``)."""
+    from training.agent.evaluate import AgentEvalConfig, GeneratorSpec, score_checkpoint
     from training.agent.rollout import RolloutConfig
 
     rollout = RolloutConfig(temperature=0.0, best_of=1, top_k=cfg.top_k, max_turns=cfg.stage3.max_turns,
@@ -247,18 +247,8 @@ def evaluate_model(cfg: SmartSearchConfig, model: str, out_uri: str) -> dict[str
                             max_tokens_per_turn=min(cfg.eval.max_new_tokens, 512))
     ecfg = AgentEvalConfig(protocol="smartsearch", generator=GeneratorSpec(model=model), retrieval=cfg.retrieval,
                            rollout=rollout, limit=cfg.eval.limit)
-    out: dict[str, dict[str, float]] = {}
-    for name in cfg.eval.benchmarks:
-        ref = evaluate_dataset(ecfg, name, artifacts.join(out_uri, Path(name).stem))
-        rows = artifacts.read_jsonl(artifacts.join(ref.uri, "examples.jsonl"))
-        row: dict[str, float] = {"n": float(len(rows))}
-        for metric in ("em", "f1", "format_ok", "searches"):
-            vals = [float(r[metric]) for r in rows if r.get(metric) is not None]
-            if vals:
-                low, high = bootstrap_ci(vals, cfg.eval.confidence)
-                row |= {metric: sum(vals) / len(vals), f"{metric}_low": low, f"{metric}_high": high}
-        out[Path(name).stem] = row
-    return out
+    return score_checkpoint(ecfg, cfg.eval.benchmarks, out_uri, cfg.eval.confidence,
+                            metrics=("em", "f1", "format_ok", "searches"))
 
 
 def scored_from_file(path: str) -> list[Scored]:
