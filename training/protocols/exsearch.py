@@ -298,11 +298,6 @@ class ExSearchProtocol(SearchProtocol):
         """The cleaned last assistant message."""
         return state.extra.get("answer")
 
-    # The module's pure functions are the protocol's parsers and validator (importable without an instance).
-    extract_query = staticmethod(extract_query)
-    extract_answer = staticmethod(extract_answer)
-    validate = staticmethod(validate)
-
     def warmup_script(self, queries: list[str], facts: list[str], answer: str) -> Script:
         """``<Fact> f`` / ``<Query> q<Search>`` per step, the final-answer token, then the answer turn."""
         out: Script = []
@@ -311,3 +306,8 @@ class ExSearchProtocol(SearchProtocol):
             out.append((f"{head}{QUERY_TOKEN} {q}{SEARCH_TOKEN}", SEARCH_TOKEN, "stop"))
         final = f"{FACT_TOKEN} {facts[-1]}\n{FINAL_TOKEN}" if facts else FINAL_TOKEN
         return [*out, (final, None, "eos"), (answer, None, "eos")]
+
+    # The module's pure functions are the protocol's parsers and validator (importable without an instance).
+    extract_query = staticmethod(extract_query)
+    extract_answer = staticmethod(extract_answer)
+    validate = staticmethod(validate)

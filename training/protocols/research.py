@@ -157,11 +157,6 @@ class ReSearchProtocol(SearchProtocol):
         state.n_searches += 1
         self._insert(state, self.result_text(query, hits), query, hits)
 
-    # The module's pure functions are the protocol's parsers and validator (importable without an instance).
-    extract_query = staticmethod(extract_query)
-    extract_answer = staticmethod(extract_answer)
-    validate = staticmethod(validate)
-
     def warmup_script(self, queries: list[str], facts: list[str], answer: str) -> Script:
         """``<think> fact </think>\n<search> q </search>`` per step, then the boxed answer (ends with EOS)."""
         out: Script = []
@@ -170,3 +165,8 @@ class ReSearchProtocol(SearchProtocol):
             out.append((f"{' ' if i else ''}<think> {think} </think>\n<search> {q} </search>", "</search>", "stop"))
         last = facts[-1] if facts else WARMUP_OPENING
         return [*out, (f"{' ' if queries else ''}<think> {last} </think>\n{boxed_answer(answer)}", None, "eos")]
+
+    # The module's pure functions are the protocol's parsers and validator (importable without an instance).
+    extract_query = staticmethod(extract_query)
+    extract_answer = staticmethod(extract_answer)
+    validate = staticmethod(validate)
