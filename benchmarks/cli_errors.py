@@ -1,8 +1,9 @@
 """Time to the error message for each bad-input case of the CLI (issue 11's "Must show"): exit status, seconds, line.
 
-Runs every case of ``tests/cli/test_cli_errors.py`` (``CASES``) ``--repeats`` times in a fresh data home, as a user
-would (``python -m flows.cli ...``), and prints a markdown table with the median wall time to the message. Take the
-numbers on an idle machine: the time is dominated by interpreter start and imports. Example:
+Runs every case of ``tests/cli/test_cli_errors.py`` (its data file ``tests/cli/cli_error_cases.json``) ``--repeats``
+times in a fresh data home, as a user would (``python -m flows.cli ...``), and prints a markdown table with the
+median wall time to the message. Take the numbers on an idle machine: the time is dominated by interpreter start and
+imports. Example:
 
     PYTHONPATH=. python benchmarks/cli_errors.py --repeats 5
 """
@@ -10,6 +11,7 @@ numbers on an idle machine: the time is dominated by interpreter start and impor
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -20,9 +22,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.cli.test_cli_errors import CASES  # noqa: E402 - the cases live with their test
+# the cases of tests/cli/test_cli_errors.py: name -> (argv, expected error text), read from its data file
+CASES = {name: (case["argv"], case["expect"])
+         for name, case in json.loads((REPO / "tests" / "cli" / "cli_error_cases.json").read_text()).items()}
 
 
 def run_case(args: list[str], home: str) -> tuple[int, float, str, float]:

@@ -227,9 +227,10 @@ def main() -> int:
     from retrieval.open import open_searcher
     from training.agent.rollout import RolloutConfig
     from training.generation.models import load_tokenizer
+    from training.generation.models import resolve_policy as resolve_model
     from training.protocols.base import load_protocol
     from training.rewards.adapters import trl_reward_func
-    from training.rl.config import RLConfig, resolve_model
+    from training.rl.config import RLConfig
     from training.rl.data import default_messages, trl_rows, verl_rows
     from training.rl.trl_engine import engine_rollout_fn, native_bf16, prompt_rows
 

@@ -28,6 +28,8 @@ from infra.config import StrictModel, secret_value
 log = logging.getLogger(__name__)
 
 JudgePrompt = Literal["research", "r1searcher"]
+JUDGE_PROMPTS: tuple[str, ...] = ("research", "r1searcher")
+"""The judge prompt styles; a protocol names its seed's in ``SearchProtocol.judge_prompt``."""
 
 RESEARCH_PROMPT = """You are given a question, a list of ground-truth answers (each item on its own is a correct \
 answer) and a predicted answer. Decide whether the predicted answer correctly answers the question. It does not \

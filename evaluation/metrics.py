@@ -20,71 +20,18 @@ Other normalizations (``normalization=`` argument):
 from __future__ import annotations
 
 import math
-import re
-import string
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evaluation.normalize import NORMALIZATIONS as NORMALIZATIONS  # re-exported
+from evaluation.normalize import Normalization as Normalization
+from evaluation.normalize import normalize_answer as normalize_answer
 from infra.errors import ConfigError
 
-Normalization = Literal["squad", "r1searcher", "exsearch_released_buggy"]
-NORMALIZATIONS: tuple[str, ...] = ("squad", "r1searcher", "exsearch_released_buggy")
 ANSWER_METRICS: tuple[str, ...] = ("em", "f1", "precision", "recall", "acc", "cem")
 YES_NO = ("yes", "no", "noanswer")
-
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_ASCII_PUNCT = frozenset(string.punctuation)
-_R1_PUNCT = frozenset(string.punctuation + "\u2018\u2019\u00b4`")
-# Every one-character entry of ExSearch's stop-word set: its remove_punc deletes each such *character*, so the
-# letters "a" and "i" vanish from every word (the set holds the words "a" and "i").
-_EXSEARCH_DELETED_CHARS = frozenset("ai.,!?;:-()[]{}\"'/\\|<>=+*&^%$#@~`")
-
-
-def _squad(text: str) -> str:
-    text = "".join(ch for ch in text.lower() if ch not in _ASCII_PUNCT)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-def _r1searcher(text: str) -> str:
-    text = {"True": "yes", "False": "no"}.get(text, text)
-    text = text.replace("_", " ").lower()
-    text = "".join(" " if ch in _R1_PUNCT else ch for ch in text)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-def _exsearch_buggy(text: str) -> str:
-    """ExSearch's v1-branch normalization (mangopy/SearchLM @ v1 ``src/utilize/metrics.py``). BROKEN ON PURPOSE.
-
-    It deletes every character found in a stop-word set; the set contains the one-letter words "a" and "i", so
-    all letters ``a`` and ``i`` are removed ("Paris" -> "prs"), along with most ASCII punctuation (but not ``_``).
-    EM is mostly unaffected because both sides are mangled alike; F1 tokens are distorted.
-    """
-    text = "".join(ch for ch in text.lower() if ch not in _EXSEARCH_DELETED_CHARS)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-_NORMALIZERS = {"squad": _squad, "r1searcher": _r1searcher, "exsearch_released_buggy": _exsearch_buggy}
-
-
-def normalize_answer(text: str, normalization: Normalization = "squad") -> str:
-    """Normalize an answer string.
-
-    Args:
-        text: raw answer.
-        normalization: ``"squad"``, ``"r1searcher"`` or ``"exsearch_released_buggy"`` (broken; see module doc).
-
-    Raises:
-        ConfigError: for an unknown normalization name.
-    """
-    try:
-        fn = _NORMALIZERS[normalization]
-    except KeyError:
-        choices = ", ".join(NORMALIZATIONS)
-        raise ConfigError(f"unknown normalization {normalization!r}; choose one of {choices}") from None
-    return fn(text)
 
 
 def _golds(golds: str | Iterable[str]) -> list[str]:
@@ -289,6 +236,26 @@ class ScoreTable(BaseModel):
     def as_dict(self) -> dict[str, dict[str, float]]:
         """Flat ``{dataset: {metric: mean}}`` mapping, e.g. for MLflow logging."""
         return {r.dataset: {k: v.mean for k, v in r.metrics.items()} for r in self.rows}
+
+    def row(self, dataset: str) -> DatasetScores:
+        """The row of ``dataset``.
+
+        Raises:
+            KeyError: naming the datasets there are.
+        """
+        for r in self.rows:
+            if r.dataset == dataset:
+                return r
+        raise KeyError(f"no row {dataset!r}; rows: {[r.dataset for r in self.rows]}")
+
+    def flat(self) -> dict[str, float]:
+        """``{dataset/metric: mean, dataset/metric_low, dataset/metric_high, dataset/n}`` for MLflow."""
+        out: dict[str, float] = {}
+        for r in self.rows:
+            out[f"{r.dataset}/n"] = float(r.n)
+            for k, v in r.metrics.items():
+                out |= {f"{r.dataset}/{k}": v.mean, f"{r.dataset}/{k}_low": v.low, f"{r.dataset}/{k}_high": v.high}
+        return out
 
 
 def _summaries(examples: list[Mapping], names: Sequence[str], confidence: float, n_resamples: int, seed: int) -> dict:

@@ -53,8 +53,8 @@ def demo(preset: DemoPreset = "demo", overrides: Overrides = ()) -> DemoResult: 
         served = builds[config.index_presets[config.serve]]
         service = start_retriever_task(served.index.uri, str(get_settings().home / "services"))
         try:
-            result = evaluate(config.eval_preset, (f"agent.retriever.url={service.url}",
-                                                   "agent.retriever.corpus=null"))
+            result = evaluate(config.eval_preset, (f"agent.retrieval.url={service.url}",
+                                                   "agent.retrieval.corpus=null"))
             eval_run, table = result.run_id, result.markdown
         finally:
             stop_retriever_task(service)

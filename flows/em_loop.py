@@ -16,6 +16,7 @@ import time
 from prefect import flow, get_run_logger
 
 from flows.specs import Overrides, preset_choice, resolve
+from infra.paths import experiment_root
 from tasks.em import (
     RunCtx,
     align_task,
@@ -34,7 +35,7 @@ from tasks.em import (
 from training.em.config import EMLoopConfig
 from training.em.learning import curve_row
 from training.em.records import IterationResult
-from training.em.stages import experiment_root, should_stop
+from training.em.stages import should_stop
 
 log = logging.getLogger(__name__)
 EMPreset = preset_choice("em-loop")
@@ -85,7 +86,7 @@ def em_loop(preset: EMPreset = "exsearch_cpu_demo", overrides: Overrides = ()) -
     logger = get_run_logger()
     t0 = time.time()
     cfg: EMLoopConfig = resolve("em-loop", preset, overrides)  # type: ignore[assignment]
-    root = experiment_root(cfg)
+    root = experiment_root("em", cfg.experiment, cfg.key())
     root.mkdir(parents=True, exist_ok=True)
     logger.info("experiment dir: %s", root)
     t = _timeouts(cfg)

@@ -14,7 +14,7 @@ from retrieval.index import IndexBuildConfig
 from retrieval.recall import RecallConfig
 from training.agent.evaluate import AgentEvalConfig
 from training.agent.traces import TraceConfig
-from training.protocols.base import ProtocolName
+from training.protocols.registry import ProtocolName
 
 DEFAULT_DATASETS = ["hotpotqa_mini", "2wikimultihopqa_mini", "musique_mini", "bamboogle_mini"]
 

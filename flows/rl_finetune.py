@@ -16,8 +16,10 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
 
+from evaluation.metrics import ScoreTable
 from flows.specs import Overrides, preset_choice, resolve
 from infra import artifacts
+from infra.paths import experiment_root
 from infra.registry import RegisteredCheckpoint
 from tasks.rl import (
     bucket_data_task,
@@ -33,7 +35,6 @@ from tasks.rl import (
 from training.refs import CheckpointRef
 from training.rl.config import RLConfig
 from training.rl.heldout import LearningRef
-from training.rl.stages import experiment_root
 from training.rl.warmup import warmup_root
 
 RLPreset = preset_choice("rl-finetune")
@@ -45,7 +46,8 @@ class RLResult(BaseModel):
     run_id: str = Field(description="Parent MLflow run id.")
     root: str = Field(description="Experiment directory.")
     checkpoints: list[CheckpointRef] = Field(description="One per stage, in order.")
-    scores: dict[str, dict[str, float]] = Field(default_factory=dict, description="{benchmark: {metric: mean}}.")
+    scores: ScoreTable | None = Field(default=None, description="Evaluation of the final checkpoint: a row per "
+                                      "benchmark, means with bootstrap intervals (None: no eval.benchmarks).")
     registered: RegisteredCheckpoint | None = Field(default=None, description="The registered final policy.")
     learning: LearningRef | None = Field(
         default=None, description="Held-out start vs final policy, paired (eval.compare_start).")
@@ -61,7 +63,7 @@ def rl_finetune(preset: RLPreset = "research_grpo_cpu_demo", overrides: Override
     """
     logger = get_run_logger()
     cfg: RLConfig = resolve("rl-finetune", preset, overrides)  # type: ignore[assignment]
-    root = experiment_root(cfg)
+    root = str(experiment_root("rl", cfg.name, cfg.key()))
     run_id = open_run_task(cfg)
     logger.info("rl_finetune %s (engine %s) in %s, MLflow run %s", cfg.name, cfg.engine, root, run_id)
     data = prepare_data_task(cfg, artifacts.join(root, "data"))
@@ -80,7 +82,7 @@ def rl_finetune(preset: RLPreset = "research_grpo_cpu_demo", overrides: Override
         logger.info("stage %s: %d steps -> %s", stage.name, ckpt.steps, ckpt.uri)
         ckpts.append(ckpt)
         model = ckpt.uri
-    scores, learning = {}, None
+    scores, learning = None, None
     if start is not None:
         final = heldout_task(cfg, model, artifacts.join(root, "heldout_final"), run_id, "final")
         learning = learning_report_task(cfg, start, final, ckpts, data, root, run_id)

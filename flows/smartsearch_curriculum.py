@@ -13,8 +13,10 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
 
+from evaluation.metrics import ScoreTable
 from flows.specs import Overrides, preset_choice, resolve
 from infra import artifacts
+from infra.paths import experiment_root
 from infra.registry import RegisteredCheckpoint
 from tasks.smartsearch import (
     evaluate_task,
@@ -27,7 +29,6 @@ from tasks.smartsearch import (
     stop_endpoint_task,
 )
 from training.smartsearch.config import SmartSearchConfig
-from training.smartsearch.session import experiment_root
 from training.smartsearch.stages import StageResult
 
 SmartSearchPreset = preset_choice("smartsearch-curriculum")
@@ -39,8 +40,8 @@ class CurriculumResult(BaseModel):
     run_id: str = Field(description="Parent MLflow run id.")
     root: str = Field(description="Experiment directory.")
     stages: list[StageResult] = Field(description="sft, dpo, grpo results in order.")
-    scores: dict[str, dict[str, dict[str, float]]] = Field(
-        default_factory=dict, description="{initial|sft|dpo|grpo: {benchmark: {metric: value}}}.")
+    scores: dict[str, ScoreTable] = Field(
+        default_factory=dict, description="{initial|sft|dpo|grpo: a row per benchmark, means with intervals}.")
     registered: dict[str, RegisteredCheckpoint] = Field(
         default_factory=dict, description="Per stage: the registered model version.")
 
@@ -56,12 +57,12 @@ def smartsearch_curriculum(preset: SmartSearchPreset = "smartsearch_cpu_demo",  
     """
     logger = get_run_logger()
     cfg: SmartSearchConfig = resolve("smartsearch-curriculum", preset, overrides)  # type: ignore[assignment]
-    root = experiment_root(cfg)
+    root = str(experiment_root("smartsearch", cfg.name, cfg.key()))
     run_id = open_run_task(cfg)
     logger.info("smartsearch-curriculum %s in %s, MLflow run %s", cfg.name, root, run_id)
     served = None if cfg.endpoint.base_url else start_endpoint_task(cfg, artifacts.join(root, "services"))
     url = cfg.endpoint.base_url or served.url  # type: ignore[union-attr]
-    scores: dict[str, dict] = {}
+    scores: dict[str, ScoreTable] = {}
     registered: dict[str, dict] = {}
     stages: list[StageResult] = []
     try:

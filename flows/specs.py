@@ -10,7 +10,6 @@ server or a flow run exists (:func:`resolve`).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -110,8 +109,9 @@ class FlowSpec:
 
     def model(self) -> type[StrictModel]:
         """The flow's config model class."""
-        module, _, attr = self.config.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        from infra.lazy import load_object
+
+        return load_object(self.config)
 
 
 FLOWS: dict[str, FlowSpec] = {s.name: s for s in (
@@ -256,7 +256,7 @@ def _check_path(key: str, leaf: str, value: str) -> str | None:
         if not path.exists():
             return f"{key}: index directory {value!r} does not exist; build one with `searchloop index build`"
         if not path.is_dir():
-            return f"{key}: {value!r} is a file, not an index directory (a corpus goes in retriever.corpus)"
+            return f"{key}: {value!r} is a file, not an index directory (a corpus goes in retrieval.corpus)"
         return None
     if path.is_dir() and not is_hf_dataset_dir(path):
         return f"{key}: {value!r} is a directory; give the .jsonl (or .parquet) file inside it"

@@ -40,6 +40,19 @@ def resolve_path(ref: str | os.PathLike[str]) -> str:
     return str(candidate) if candidate.exists() else text
 
 
+def repo_path(ref: str | os.PathLike[str]) -> Path:
+    """A path to *write* (an evidence folder, a file of this checkout): absolute paths unchanged, relative ones
+    under the repository root whatever the working directory (``docs/results/learning/x``)."""
+    path = Path(ref)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def experiment_root(loop: str, name: str, key: str) -> Path:
+    """The one experiment-directory rule: ``<runs_dir>/<loop>/<name>-<key>`` (``key``: the config's short hash, so
+    the same preset + overrides give the same directory and a re-run resumes from the stages' manifests)."""
+    return get_settings().runs_dir / loop / f"{name}-{key}"
+
+
 def benchmark_dirs() -> list[Path]:
     """Where benchmark names are looked up: the shipped ``data/eval`` first, then the shared ``eval`` folder."""
     s = get_settings()

@@ -89,20 +89,33 @@ def stage_run(
         yield run
 
 
-def child_run(parent_run_id: str | None, name: str, params: dict[str, Any] | None = None) -> Any:
+def child_run(parent_run_id: str | None, name: str, params: dict[str, Any] | None = None,
+              tags: Mapping[str, str] | None = None) -> Any:
     """Start an MLflow run nested under ``parent_run_id`` (a context manager yielding the run), tagged with the
-    Prefect links; the one way every loop opens its parent and child runs."""
+    Prefect links and ``tags``; the one way every loop opens its parent and child runs."""
     import mlflow
 
     from infra import links
 
     configure()
-    tags = {**links.link_tags(), **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
+    tags = {**links.link_tags(), **(tags or {}),
+            **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
     run = mlflow.start_run(run_name=name, tags=tags, nested=mlflow.active_run() is not None)
     links.announce_run(run.info.run_id, run.info.experiment_id, name)
     if params:
         log_params(params)
     return run
+
+
+@contextmanager
+def resume_run(run_id: str) -> Iterator[Any]:
+    """Make the existing run ``run_id`` the active run for the block (nested when a run is already active), so the
+    fluent API (``mlflow.log_table``, traces) writes to it; yields the ``mlflow.ActiveRun``."""
+    import mlflow
+
+    configure()
+    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None) as run:
+        yield run
 
 
 def client() -> Any:
@@ -200,11 +213,15 @@ def set_tags(tags: Mapping[str, str], run_id: str | None = None) -> None:
     client().log_batch(run_id, tags=[RunTag(k, v) for k, v in clean.items()])
 
 
-def log_artifact(path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
-    """Log a local file or directory as run artifacts."""
+def log_artifact(path: str | os.PathLike[str], artifact_path: str | None = None, run_id: str | None = None) -> None:
+    """Log a local file or directory as artifacts of ``run_id`` or the active run."""
+    p = Path(path)
+    if run_id is not None:
+        c = client()
+        (c.log_artifacts if p.is_dir() else c.log_artifact)(run_id, str(p), artifact_path=artifact_path)
+        return
     import mlflow
 
-    p = Path(path)
     if p.is_dir():
         mlflow.log_artifacts(str(p), artifact_path=artifact_path)
     else:

@@ -17,9 +17,8 @@ from tenacity import AsyncRetrying, Retrying, retry_if_exception_type, stop_afte
 
 from infra.config import secret_value
 from infra.errors import ConfigError, SearchloopError
+from retrieval.config import TOKEN_ENV
 from retrieval.types import Hit
-
-TOKEN_ENV = "SEARCHLOOP_RETRIEVER_TOKEN"  # the token when none is passed (how workers get it: never in a record)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 

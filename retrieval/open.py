@@ -18,68 +18,12 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-
-from infra.config import StrictModel, secret_value
+from infra.config import secret_value
 from infra.paths import is_uri, resolve_path
-from retrieval.client import TOKEN_ENV
+from retrieval.config import TOKEN_ENV, RetrieverSpec
 from retrieval.types import Searcher
-
-_LEGACY = {"kind": "the kind follows from which of url/index/corpus is set",
-           "backend": "the backend follows from which of url/index/corpus is set"}
-
-
-class RetrieverSpec(StrictModel):
-    """Where searches go: a server (``url``), a built index directory (``index``) or corpus files (``corpus``)."""
-
-    one_of: ClassVar[tuple[str, ...]] = ("url", "index", "corpus")
-
-    url: str | None = Field(default=None, description="Base URL of a searchloop/FlashRAG-compatible retriever server.")
-    index: str | None = Field(
-        default=None, description="Directory built by `searchloop index build` (bm25, dense, colbert or hybrid).")
-    corpus: list[str] | None = Field(
-        default=None, description="Corpus jsonl file(s) to index with BM25 in memory (a single path is accepted).")
-    token: SecretStr | None = Field(
-        default=None, description=f"Bearer token for the server (recorded as '**********'; unset: ${TOKEN_ENV}).")
-    timeout_s: float = Field(default=30.0, gt=0, description="HTTP timeout per retriever call (url).")
-    wait_s: float = Field(default=0.0, ge=0, description="url: wait up to this long for the server to be healthy.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_legacy_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key, why in _LEGACY.items():
-                if key in data:
-                    raise ValueError(f"`{key}` is gone ({why}): set exactly one of url / index / corpus")
-        return data
-
-    @field_validator("corpus", mode="before")
-    @classmethod
-    def _one_path_is_a_list(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> RetrieverSpec:
-        given = [k for k in self.one_of if getattr(self, k)]
-        if len(given) != 1:
-            raise ValueError(f"set exactly one of url / index / corpus (got {given or 'none'}), e.g. "
-                             "index=.searchloop/runs/indexes/<dir> or corpus=data/corpus/mini.jsonl")
-        return self
-
-    @property
-    def kind(self) -> str:
-        """``url``, ``index`` or ``corpus``: which one is set."""
-        return next(k for k in self.one_of if getattr(self, k))
-
-    def describe(self) -> str:
-        """A short human/MLflow-safe description (no token)."""
-        if self.url:
-            return f"url:{self.url}"
-        if self.index:
-            return f"index:{self.index}"
-        return "bm25:" + ",".join(self.corpus or [])
 
 
 def open_searcher(spec: RetrieverSpec) -> Searcher:

@@ -93,8 +93,6 @@ def log_to_mlflow(run_name: str, experiment: str, params: dict[str, Any], metric
         TrackingUnavailable: when the tracking server does not answer (after the task's retries); artifacts and
             state written before this step are kept, and a rerun resumes from them.
     """
-    import mlflow
-
     from infra import tracking
     from infra.settings import get_settings
 
@@ -110,7 +108,7 @@ def log_to_mlflow(run_name: str, experiment: str, params: dict[str, Any], metric
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "decision.json")
             artifacts.write_json(path, record)
-            mlflow.log_artifact(path)
+            tracking.log_artifact(path)
         return run.info.run_id
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import INPUTS
 
+from evaluation.metrics import ScoreTable
 from infra import artifacts
 from infra.registry import RegisteredCheckpoint
 from infra.tracking import child_run
@@ -75,7 +76,7 @@ def train_stage_task(cfg: RLConfig, stage_index: int, data: RLDataRef, init_mode
 
 @task(name="rl-evaluate", tags=["gpu"], retries=1, retry_condition_fn=retry_unless_input_error,
       timeout_seconds=6 * 3600)
-def evaluate_task(cfg: RLConfig, ckpt: CheckpointRef, out_uri: str, parent_run: str) -> dict:
+def evaluate_task(cfg: RLConfig, ckpt: CheckpointRef, out_uri: str, parent_run: str) -> ScoreTable:
     """Evaluate the trained policy on the preset's benchmarks; metrics go to the run."""
     with child_run(parent_run, "evaluate"):
         scores = rl.evaluate_rl_checkpoint(cfg, ckpt.uri, out_uri)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from prefect import task
 
+from evaluation.metrics import ScoreTable
 from infra.registry import RegisteredCheckpoint
 from infra.tracking import child_run
 from tasks.policy import retry_unless_input_error
@@ -71,7 +72,7 @@ def stage3_task(cfg: SmartSearchConfig, url: str, init_model: str, out_uri: str,
 
 @task(name="smartsearch-evaluate", tags=["gpu"], retries=1, retry_condition_fn=retry_unless_input_error,
       timeout_seconds=6 * 3600)
-def evaluate_task(cfg: SmartSearchConfig, model: str, label: str, out_uri: str, parent_run: str) -> dict:
+def evaluate_task(cfg: SmartSearchConfig, model: str, label: str, out_uri: str, parent_run: str) -> ScoreTable:
     """Held-out scores (with bootstrap intervals) of one checkpoint."""
     with child_run(parent_run, f"eval-{label}", {"model": model}):
         scores = evaluate_model(cfg, model, out_uri)

@@ -36,16 +36,122 @@ TRAINING_RANKS: dict[str, int] = {
 }
 
 
+HEAVY_AT_IMPORT = ["torch", "faiss", "mlflow", "transformers", "vllm", "verl", "prefect"]
+
+
 @pytest.mark.parametrize("package", LIBRARY)
 def test_import_is_light(package: str) -> None:
+    """Importing every module of the package (not only its ``__init__``) pulls in none of the heavy engines."""
     code = (
-        "import sys, importlib, pkgutil\n"
-        f"pkg = importlib.import_module({package!r})\n"
-        f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
-        "print(','.join(heavy))\n"
+        "import sys, importlib, pathlib\n"
+        f"root = pathlib.Path({str(REPO)!r})\n"
+        "failed = []\n"
+        f"for path in sorted((root / {package!r}).rglob('*.py')):\n"
+        "    parts = path.relative_to(root).with_suffix('').parts\n"
+        "    name = '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)\n"
+        "    before = set(sys.modules)\n"
+        "    importlib.import_module(name)\n"
+        f"    new = sorted(m for m in {HEAVY_AT_IMPORT!r} if m in sys.modules and m not in before)\n"
+        "    if new:\n"
+        "        failed.append(name + ': ' + ','.join(new))\n"
+        "        for m in [m for m in sys.modules if m.split('.')[0] in new]:\n"
+        "            del sys.modules[m]\n"
+        "print('\\n'.join(failed))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "", f"import {package} pulled in {out.stdout.strip()}"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "", f"importing these {package} modules pulled in heavy engines:\n{out.stdout}"
+
+
+# ---- config modules are leaves ---------------------------------------------------------------------------------
+# A config module (``config.py`` in a library package) imports, anywhere in the file (``if TYPE_CHECKING:`` blocks
+# aside), only the standard library, pydantic, the light infra modules, and other leaves; a project module is a
+# leaf when the same holds for it. TRL's grpo_config.py (dataclasses + TrainingArguments) is the shape followed.
+LEAF_THIRD_PARTY = {"pydantic", "typing_extensions", "__future__"}
+LEAF_INFRA = {"infra.config", "infra.errors", "infra.lazy"}
+
+
+def _leaf_imports(path: Path) -> tuple[set[str], set[str]]:
+    """(third-party top-level names, project modules) imported by ``path`` outside ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for b in node.body for n in ast.walk(b))
+    third: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            third.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            third.add(node.module.split(".")[0])
+    third -= set(sys.stdlib_module_names) | set(LAYERS) | LEAF_THIRD_PARTY
+    return third, set()
+
+
+def leaf_violations(root: Path, graph: Mapping[str, Iterable[str]], modules: Iterable[str]) -> list[str]:
+    """Why each of ``modules`` is not a leaf (empty list: all are): the chain to the first offending import."""
+
+    def path_of(module: str) -> Path:
+        p = root.joinpath(*module.split("."))
+        return p / "__init__.py" if p.is_dir() else p.with_suffix(".py")
+
+    verdict: dict[str, str | None] = {}
+
+    def why(module: str, chain: tuple[str, ...]) -> str | None:
+        if module in LEAF_INFRA:
+            return None
+        if module in verdict:
+            return verdict[module]
+        if module in chain:  # a cycle is reported elsewhere
+            return None
+        third, _ = _leaf_imports(path_of(module))
+        reason = f"{module} imports {sorted(third)}" if third else None
+        if reason is None:
+            for target in sorted(graph.get(module, ())):
+                if target.split(".")[0] == "infra" and target not in LEAF_INFRA:
+                    reason = f"{module} -> {target} (not a light infra module)"
+                    break
+                sub = why(target, (*chain, module))
+                if sub:
+                    reason = f"{module} -> {sub}"
+                    break
+        verdict[module] = reason
+        return reason
+
+    return [r for m in sorted(modules) if (r := why(m, ()))]
+
+
+def config_modules(root: Path) -> list[str]:
+    """Every ``config.py`` of the library packages except ``infra/config.py`` (the base they all build on)."""
+    return sorted(
+        ".".join(p.relative_to(root).with_suffix("").parts)
+        for package in LIBRARY for p in (root / package).rglob("config.py")
+        if p.relative_to(root).as_posix() != "infra/config.py"
+    )
+
+
+def test_config_modules_are_leaves() -> None:
+    modules = config_modules(REPO)
+    assert {"training.rl.config", "training.em.config", "training.smartsearch.config"} <= set(modules)
+    problems = leaf_violations(REPO, module_graph(REPO, LAYERS), modules)
+    assert not problems, "config modules must be leaves:\n" + "\n".join(problems)
+
+
+def test_leaf_checker_catches_an_engine_import_in_a_config(tmp_path: Path) -> None:
+    """A config importing a module that imports torch (inside a function) is reported with the chain."""
+    pkg = tmp_path / "training" / "rl"
+    pkg.mkdir(parents=True)
+    for init in (tmp_path / "training" / "__init__.py", pkg / "__init__.py"):
+        init.write_text('"""x."""\n')
+    (pkg / "config.py").write_text("from pydantic import BaseModel\nfrom training.rl.engine import X\n")
+    (pkg / "engine.py").write_text("X = 1\ndef f():\n    import torch\n")
+    (pkg / "spec.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n")
+    graph = module_graph(tmp_path, ["training"])
+    assert leaf_violations(tmp_path, graph, ["training.rl.spec"]) == []
+    assert leaf_violations(tmp_path, graph, ["training.rl.config"]) == [
+        "training.rl.config -> training.rl.engine imports ['torch']"]
 
 
 def _imported_top_levels(path: Path) -> set[str]:

@@ -2,7 +2,7 @@
 and shows the trajectory turn by turn (generated text, query, retrieved documents, final answer, format check).
 
 The settings are the agent section of the evaluate flow (``training.agent.evaluate.AgentEvalConfig``: protocol,
-generator, retriever, rollout), so every setting has the same name here as in ``eval`` presets; ``--preset`` starts
+generator, retrieval, rollout), so every setting has the same name here as in ``eval`` presets; ``--preset`` starts
 from an evaluate preset's ``agent:`` section. Defaults: the ExSearch protocol (the one SmolLM2-135M follows: it
 searches and answers), SmolLM2 on transformers, BM25 over the shipped mini corpus, or the retriever server in
 ``SEARCHLOOP_RETRIEVER_URL``. Heavy imports happen inside the command.
@@ -40,8 +40,8 @@ def ask_config(preset: str | None, overrides: list[str]) -> Any:  # noqa: ANN401
             raise ConfigError(f"{path}: `agent` must be a mapping; --preset takes an evaluate preset (eval_mini)")
         data = {**data, **section, "rollout": {**data["rollout"], **section.get("rollout", {})}}
         source = f"{path} (agent section)"
-    if os.environ.get(ENV_URL) and not any(o.startswith("retriever.") for o in overrides):
-        data["retriever"] = {"url": os.environ[ENV_URL]}
+    if os.environ.get(ENV_URL) and not any(o.startswith("retrieval.") for o in overrides):
+        data["retrieval"] = {"url": os.environ[ENV_URL]}
     if overrides:
         data = apply_overrides(data, overrides)
         source += " + overrides"
@@ -59,7 +59,7 @@ def ask(
     overrides: list[str] | None = typer.Argument(
         None, show_default=False,
         help="key.sub=value agent settings, e.g. protocol=research generator.model=<HF folder> "
-             "retriever.url=http://127.0.0.1:8000 rollout.top_k=3 (see `--dry-run` for every key)."),
+             "retrieval.url=http://127.0.0.1:8000 rollout.top_k=3 (see `--dry-run` for every key)."),
     preset: str | None = typer.Option(None, "--preset", "-p",
                                       help="Start from an evaluate preset's agent section (e.g. eval_mini)."),
     show_prompt: bool = typer.Option(False, "--show-prompt/--hide-prompt", help="Also print the prompt."),
@@ -79,7 +79,7 @@ def ask(
     from training.agent.evaluate import open_generator, open_searcher
     from training.agent.rollout import run_rollouts
 
-    searcher = open_searcher(cfg.retriever)
+    searcher = open_searcher(cfg.retrieval)
     with console.status(f"loading {cfg.generator.model} ({cfg.generator.backend})"):
         generator = open_generator(cfg.generator)
     with console.status(f"running the agent ({cfg.protocol})"):

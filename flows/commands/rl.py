@@ -25,8 +25,8 @@ def _run(cfg, preset: str, overrides: tuple[str, ...]) -> None:  # noqa: ANN001 
                       f"{m.get('search/format_failure_rate', float('nan')):.3f}",
                       f"{m.get('search/searches_per_traj', float('nan')):.2f}", c.uri)
     console.print(table)
-    for bench, row in result.scores.items():
-        console.print(f"{bench}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items()))
+    for row in result.scores.rows if result.scores else []:
+        console.print(f"{row.dataset} (n={row.n}): " + ", ".join(f"{k}={v.mean:.3f}" for k, v in row.metrics.items()))
     if result.learning:
         console.print(f"[bold]held-out, policy RL started from vs trained ({result.learning.n} questions, final - "
                       f"start with paired 95% intervals)[/]; evidence: {result.learning.dir}")

@@ -47,15 +47,15 @@ def _write_outputs(scored, out: Path, predictions: Path) -> None:
     console.print(f"wrote {ref.markdown}")
 
 
-def _extractor(protocol: str):
+def _protocol(name: str):
+    """The protocol named by ``--extract`` (its answer extraction, normalization and judge prompt)."""
     from infra.errors import ConfigError
-    from infra.lazy import load_object, unknown_name
-    from training.protocols.base import PROTOCOLS
+    from training.protocols.base import load_protocol
 
-    if protocol not in PROTOCOLS:
-        raise ConfigError("--extract: " + unknown_name("protocol", protocol, PROTOCOLS))
-    module = PROTOCOLS[protocol].partition(":")[0]  # each protocol module has a plain extract_answer(response)
-    return load_object(f"{module}:extract_answer")
+    try:
+        return load_protocol(name)
+    except ConfigError as exc:
+        raise ConfigError(f"--extract: {exc}") from exc
 
 
 def score(
@@ -73,35 +73,40 @@ def score(
     extract: Annotated[
         str | None,
         typer.Option(help="The pred field holds a whole response: extract the answer as this protocol does "
-                     "(research, searchr1, r1searcher, exsearch, smartsearch)."),
+                     "(a name in training.protocols.registry.PROTOCOLS)."),
     ] = None,
     normalization: Annotated[
-        str, typer.Option(help="squad | r1searcher | exsearch_released_buggy (broken; reproduction only).")
-    ] = "squad",
+        str | None, typer.Option(help="squad | r1searcher | exsearch_released_buggy (broken; reproduction only); "
+                                 "default: the --extract protocol's own rule, else squad.")
+    ] = None,
     judge_field: Annotated[
         str | None, typer.Option(help="Field with a stored judge verdict (True/False) reported as acc_l.")
     ] = None,
     judge: Annotated[bool, typer.Option(help="Also ask the LLM judge (SEARCHLOOP_JUDGE_* env).")] = False,
-    judge_prompt: Annotated[str, typer.Option(help="Judge prompt: research | r1searcher.")] = "research",
+    judge_prompt: Annotated[str | None, typer.Option(
+        help="Judge prompt: research | r1searcher; default: the --extract protocol's, else research.")] = None,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the intervals.")] = 1000,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Directory for report.md, scores.png, examples.jsonl.")] = None,
 ) -> None:
     """Score a predictions file with EM, F1, precision, recall, acc (cover-EM) and CEM; print the table."""
-    from evaluation.judge import judge_config_from_env
+    from evaluation.judge import JUDGE_PROMPTS, judge_config_from_env
     from evaluation.metrics import NORMALIZATIONS
     from evaluation.predictions import PredictionFields, load_predictions, score_predictions
     from infra.errors import ConfigError
 
     try:
+        protocol = _protocol(extract) if extract else None
+        normalization = normalization or (protocol.normalization if protocol else "squad")
+        judge_prompt = judge_prompt or (protocol.judge_prompt if protocol else "research")
         if normalization not in NORMALIZATIONS:
             raise ConfigError(f"--normalization {normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
-        if judge_prompt not in ("research", "r1searcher"):
-            raise ConfigError(f"--judge-prompt {judge_prompt!r} must be 'research' or 'r1searcher'")
+        if judge_prompt not in JUDGE_PROMPTS:
+            raise ConfigError(f"--judge-prompt {judge_prompt!r} is not one of {', '.join(JUDGE_PROMPTS)}")
         fields = PredictionFields(id_field=id_field, pred_field=pred_field, gold_field=gold_field,
                                   question_field=question_field, dataset_field=dataset_field, judge_field=judge_field)
         records = load_predictions(predictions, fields, gold_source=gold_file, dataset=dataset,
-                                   extract=_extractor(extract) if extract else None)
+                                   extract=protocol.extract_answer if protocol else None)
         judge_cfg = judge_config_from_env(judge_prompt) if judge else None  # type: ignore[arg-type]
         scored = score_predictions(records, normalization, judge=judge_cfg, run_judge=judge,  # type: ignore[arg-type]
                                    n_resamples=bootstrap, seed=seed)

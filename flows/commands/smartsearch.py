@@ -24,11 +24,11 @@ def _run(cfg, preset: str, overrides: tuple[str, ...]) -> None:  # noqa: ANN001 
         loss = f"{s.losses[-1]:.4f}" if s.losses else "-"
         table.add_row(s.stage, str(s.trained), f"{s.seconds:.0f}", loss, counts)
     console.print(table)
-    for label, by_bench in result.scores.items():
-        for bench, row in by_bench.items():
-            cells = [f"{m}={row[m]:.3f} [{row[m + '_low']:.3f}, {row[m + '_high']:.3f}]"
-                     for m in ("em", "f1", "format_ok") if m in row]
-            console.print(f"{label:>8} {bench} (n={row.get('n', 0):g}): " + ", ".join(cells))
+    for label, table in result.scores.items():
+        for row in table.rows:
+            cells = [f"{m}={s.mean:.3f} [{s.low:.3f}, {s.high:.3f}]"
+                     for m, s in row.metrics.items() if m in ("em", "f1", "format_ok")]
+            console.print(f"{label:>8} {row.dataset} (n={row.n}): " + ", ".join(cells))
     for stage, reg in result.registered.items():
         console.print(f"registered {stage}: {reg.name} v{reg.version}")
 

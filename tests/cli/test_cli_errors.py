@@ -7,6 +7,7 @@ data home.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,40 +18,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-CASES = {
-    "unknown preset": (["index", "build", "--preset", "index_mini_bm52"], "preset 'index_mini_bm52' not found"),
-    "corpus is a directory": (["index", "build", "index.corpus=data/corpus"],
-                              "index.corpus: 'data/corpus' is a directory; give the .jsonl (or .parquet) file inside it"),  # noqa: E501
-    "corpus missing": (["index", "build", "index.corpus=nope/corpus.jsonl"],
-                       "index.corpus: file 'nope/corpus.jsonl' does not exist"),
-    "bad override syntax": (["eval", "agent.limit"], "is not of the form key.sub=value"),
-    "unknown key": (["eval", "agent.limt=5"], "agent.limt: unknown key (did you mean 'agent.limit'?"),
-    "preset typo": (["eval", "--preset", "eval_mnii"], "preset 'eval_mnii' not found (did you mean 'eval_mini'"),
-    "presets of a flow without presets": (["presets", "--flow", "retrain"], "flow 'retrain' takes no presets"),
-    "deploy run retrain unknown key, dry run": (["deploy", "run", "retrain", "config.nme=x", "--dry-run"],
-                                                "nme: unknown key (did you mean 'name'?"),
-    "deploy run retrain unknown key": (["deploy", "run", "retrain", "config.nme=x"],
-                                       "nme: unknown key (did you mean 'name'?"),
-    "deploy run retrain parameter without its section": (["deploy", "run", "retrain", "name=x", "--dry-run"],
-                                                         "unknown parameter 'name' (did you mean 'config.name'?)"),
-    "deploy run retrain bad value": (["deploy", "run", "retrain", "config.refresh=sometimes", "--dry-run"],
-                                     "refresh: Input should be 'incremental' or 'full'"),
-    "unknown benchmark": (["eval", "datasets=[hotpotqa_minii]"], "benchmark 'hotpotqa_minii' is neither a file"),
-    "retriever corpus is a directory": (["eval", "agent.retriever.corpus=data"], "'data' is a directory"),
-    "em-loop question file missing": (["run", "em-loop", "sampling.questions=[{path: missing.jsonl}]"],
-                                      "file 'missing.jsonl' does not exist"),
-    "rl preset of another flow": (["run", "rl", "--preset", "index_mini_bm25"],
-                                  "preset 'index_mini_bm25' is a build-index preset; rl-finetune presets:"),
-    "score a directory": (["score", "data"], "data is a directory; give the predictions file inside it"),
-    "deploy run unknown preset": (["deploy", "run", "build-index", "--preset", "nope"], "preset 'nope' not found"),
-    "secret in an override": (["eval", "agent.retriever.token=hunter2"],
-                              "agent.retriever.token is a secret and a flow run's overrides are stored"),
-    "deploy run without a stack": (["deploy", "run", "build-index", "--no-follow"],
-                                   "no Prefect server is running: start the stack with `searchloop up`"),
-    "deploy run bad path": (["deploy", "run", "evaluate", "agent.retriever.corpus=null",
-                             "agent.retriever.index=data/corpus/mini.jsonl"],
-                            "is a file, not an index directory"),
-}
+# name -> (argv, expected error text); a data file, so benchmarks/cli_errors.py reads the same cases without
+# importing this test module
+CASES = {name: (case["argv"], case["expect"])
+         for name, case in json.loads((Path(__file__).parent / "cli_error_cases.json").read_text()).items()}
 
 
 def _run(args: list[str], home: Path) -> tuple[subprocess.CompletedProcess, float]:

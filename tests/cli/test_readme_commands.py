@@ -54,15 +54,32 @@ def test_readme_has_commands_to_check() -> None:
 
 
 @pytest.mark.parametrize("argv", readme_commands(), ids=lambda a: " ".join(a)[:60])
-def test_readme_command_runs(argv: list[str]) -> None:
+def test_readme_command_runs(argv: list[str], tmp_path) -> None:
     runner = CliRunner()
     words = [a for a in argv if not a.startswith("-") and "=" not in a and "<" not in a][:2]
     helped = runner.invoke(app, [*words, "--help"])
     assert helped.exit_code == 0, f"searchloop {' '.join(words)} --help failed:\n{helped.output}"
     if "--dry-run" not in helped.output or argv == ["--help"]:
         return
+    for ref in re.findall(r"models:/([\w.-]+)@(\w+)", " ".join(argv)):
+        _register(*ref, tmp_path)  # the flow that registers it runs later in README: stand in for it
     result = runner.invoke(app, [*argv, "--dry-run"])
     assert result.exit_code == 0, f"searchloop {' '.join(argv)} --dry-run failed:\n{result.output}"
+
+
+def _register(name: str, alias: str, tmp_path) -> None:
+    """A version of registered model ``name`` with ``alias`` in the session's MLflow store (an HF-looking folder)."""
+    from infra import tracking
+
+    if tracking.get_alias(name, alias) is not None:
+        return
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    c = tracking.client()
+    if not c.search_registered_models(f"name = '{name}'"):
+        c.create_registered_model(name)
+    tracking.set_alias(name, alias, str(c.create_model_version(name, str(folder)).version))
 
 
 @pytest.mark.parametrize("override", readme_overrides())

@@ -100,12 +100,14 @@ def test_em_loop_micro_run_and_resume(prefect_harness) -> None:
     import mlflow
     from mlflow import MlflowClient
 
-    from flows.em_loop import em_loop, experiment_root
+    from flows.em_loop import em_loop
+    from infra.paths import experiment_root
 
     history = em_loop(preset="exsearch_cpu_demo", overrides=MICRO)
     assert [h.iteration for h in history] == [0, 1]
     assert all(0.0 <= h.f1.low <= h.f1.mean <= h.f1.high <= 1.0 for h in history)
-    root = experiment_root(load_config(EMLoopConfig, "exsearch_cpu_demo", MICRO))
+    cfg = load_config(EMLoopConfig, "exsearch_cpu_demo", MICRO)
+    root = experiment_root("em", cfg.experiment, cfg.key())
     for stage in ("warmup/data", "warmup/sft", "iter_00/eval", "iter_01/sample", "iter_01/score", "iter_01/select",
                   "iter_01/train", "iter_01/eval"):
         assert (root / stage / "manifest.json").exists(), stage

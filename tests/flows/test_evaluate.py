@@ -21,7 +21,17 @@ def test_retriever_spec_needs_exactly_one() -> None:
     from training.agent.evaluate import AgentEvalConfig
 
     with pytest.raises(ConfigError, match="exactly one"):
-        build_config(AgentEvalConfig, {"retriever": {"url": "http://127.0.0.1:1", "corpus": "x.jsonl"}})
+        build_config(AgentEvalConfig, {"retrieval": {"url": "http://127.0.0.1:1", "corpus": "x.jsonl"}})
+
+
+def test_old_retriever_key_says_where_it_moved() -> None:
+    """One spelling of the retriever field: an old ``agent.retriever:`` section is refused with the new name."""
+    from infra.errors import ConfigError
+    from training.agent.evaluate import AgentEvalConfig
+
+    with pytest.raises(ConfigError, match=r"`retriever:` is now `retrieval:`"):
+        build_config(AgentEvalConfig, {"retriever": {"corpus": "data/corpus/mini.jsonl"}})
+    assert build_config(AgentEvalConfig, {"retrieval": {"corpus": "data/corpus/mini.jsonl"}}).retrieval.kind == "corpus"
 
 
 @pytest.mark.slow

@@ -79,7 +79,7 @@ def test_rl_flow_runs_registers_and_resumes(prefect_harness) -> None:
     result = rl_finetune(preset="research_grpo_cpu_demo", overrides=TINY)
     [ckpt] = result.checkpoints
     assert ckpt.steps == 1 and Path(ckpt.uri, "config.json").exists()
-    assert result.registered.version == "1" and result.scores["musique_mini"]["searches"] >= 0
+    assert result.registered.version == "1" and result.scores.row("musique_mini").metrics["searches"].mean >= 0
     client = mlflow.MlflowClient()
     children = client.search_runs(client.get_run(result.run_id).info.experiment_id,
                                   f"tags.mlflow.parentRunId = '{result.run_id}'")

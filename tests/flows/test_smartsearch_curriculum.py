@@ -130,8 +130,8 @@ def test_smartsearch_flow_micro(prefect_harness, judge_url) -> None:
     assert grpo.trained and c3["steps"] == 1 and c3["groups"] == 1
     assert c3["on_policy"] + c3["branches"] == 2 and Path(grpo.model, "config.json").exists()
     assert "initial" in result.scores and "grpo" in result.scores
-    row = result.scores["grpo"]["hotpotqa_mini"]
-    assert row["n"] == 1 and row["f1_low"] <= row["f1"] <= row["f1_high"]
+    row = result.scores["grpo"].row("hotpotqa_mini")
+    assert row.n == 1 and row.metrics["f1"].low <= row.metrics["f1"].mean <= row.metrics["f1"].high
     assert result.registered["grpo"].version == "1"
     client = mlflow.MlflowClient()
     children = client.search_runs(client.get_run(result.run_id).info.experiment_id,

@@ -37,3 +37,37 @@ def test_aliases_move_between_registered_versions(tmp_path) -> None:
     tracking.set_alias(name, "champion", str(v2))
     got = tracking.get_alias(name, "champion")
     assert str(got.version) == str(v2) and got.tags["iteration"] == "1"
+
+
+def test_child_run_is_tagged_with_its_parent(tmp_path) -> None:
+    """``child_run`` (the one way the loops open runs): nested under the given parent by tag, with its params and
+    extra tags, on the session's temporary sqlite store; it is the active run inside the block only."""
+    import mlflow
+
+    parent = tracking.create_run("loop-parent", tracking.DEFAULT_EXPERIMENT)
+    with tracking.child_run(parent, "stage-1", params={"lr": 1e-6, "nested": {"k": 2}},
+                            tags={"searchloop.flow": "rl_finetune"}) as run:
+        assert tracking.active_run_id() == run.info.run_id
+        tracking.log_metrics({"reward": 0.25}, step=1)
+    assert mlflow.active_run() is None
+    got = tracking.client().get_run(run.info.run_id)
+    assert got.data.tags["mlflow.parentRunId"] == parent
+    assert got.data.tags["searchloop.flow"] == "rl_finetune" and got.data.tags["mlflow.runName"] == "stage-1"
+    assert got.data.params == {"lr": "1e-06", "nested.k": "2"} and got.data.metrics == {"reward": 0.25}
+    assert got.info.status == "FINISHED"
+    with tracking.child_run(None, "top") as top:
+        pass
+    assert "mlflow.parentRunId" not in tracking.client().get_run(top.info.run_id).data.tags
+
+
+def test_resume_run_and_run_id_artifacts_write_to_that_run(tmp_path) -> None:
+    """``resume_run`` reopens a run for the fluent API; ``log_artifact(run_id=...)`` needs no active run."""
+    run_id = tracking.create_run("resumed", tracking.DEFAULT_EXPERIMENT)
+    with tracking.resume_run(run_id):
+        tracking.log_metrics({"em": 0.5})
+    note = tmp_path / "note.txt"
+    note.write_text("x")
+    tracking.log_artifact(note, artifact_path="learning", run_id=run_id)
+    c = tracking.client()
+    assert c.get_run(run_id).data.metrics == {"em": 0.5}
+    assert [a.path for a in c.list_artifacts(run_id, "learning")] == ["learning/note.txt"]

@@ -28,13 +28,13 @@ def test_secret_fields_fall_back_to_the_environment_when_masked(monkeypatch) -> 
     from infra.config import SECRET_MASK, build_config, secret_value
     from training.agent.evaluate import AgentEvalConfig
 
-    cfg = build_config(AgentEvalConfig, {"retriever": {"url": "http://127.0.0.1:9", "token": CONFIG_SECRET}})
+    cfg = build_config(AgentEvalConfig, {"retrieval": {"url": "http://127.0.0.1:9", "token": CONFIG_SECRET}})
     dumped = cfg.model_dump(mode="json")
-    assert dumped["retriever"]["token"] == SECRET_MASK and CONFIG_SECRET not in repr(cfg) + str(dumped)
+    assert dumped["retrieval"]["token"] == SECRET_MASK and CONFIG_SECRET not in repr(cfg) + str(dumped)
     again = AgentEvalConfig.model_validate(dumped)  # what a deployment run gets back from Prefect
     monkeypatch.setenv("SEARCHLOOP_RETRIEVER_TOKEN", ENV_SECRET)
-    assert secret_value(again.retriever.token, "SEARCHLOOP_RETRIEVER_TOKEN") == ENV_SECRET
-    assert secret_value(cfg.retriever.token, "SEARCHLOOP_RETRIEVER_TOKEN") == CONFIG_SECRET
+    assert secret_value(again.retrieval.token, "SEARCHLOOP_RETRIEVER_TOKEN") == ENV_SECRET
+    assert secret_value(cfg.retrieval.token, "SEARCHLOOP_RETRIEVER_TOKEN") == CONFIG_SECRET
 
 
 def test_flow_records_hold_no_secret(prefect_harness, tmp_path, tiny_model_dir, monkeypatch, retriever_server) -> None:
@@ -52,11 +52,11 @@ def test_flow_records_hold_no_secret(prefect_harness, tmp_path, tiny_model_dir, 
         "protocols": ["research"], "datasets": ["hotpotqa_mini"], "out_dir": str(tmp_path / "ev"),
         "run_name": "secret-check",
         "agent": {"limit": 1, "generator": {"model": str(tiny_model_dir), "batch_size": 2},
-                  "retriever": {"url": url, "token": CONFIG_SECRET},
+                  "retrieval": {"url": url, "token": CONFIG_SECRET},
                   "rollout": {"max_tokens_per_turn": 8, "max_total_tokens": 16, "max_turns": 1}},
     }
     cfg = build_config(EvaluateConfig, data)
-    assert open_searcher(cfg.agent.retriever)._headers == {"Authorization": f"Bearer {CONFIG_SECRET}"}
+    assert open_searcher(cfg.agent.retrieval)._headers == {"Authorization": f"Bearer {CONFIG_SECRET}"}
     # The secret reaches the flow in a preset file (flow parameters, stored by Prefect, hold only its path).
     preset = tmp_path / "secret_preset.yaml"
     preset.write_text(yaml.safe_dump(data))
@@ -76,7 +76,7 @@ def test_flow_records_hold_no_secret(prefect_harness, tmp_path, tiny_model_dir, 
     assert _files_containing([Path(db).parent], ["secret-check"])  # control: the flow parameters are in there
     assert _files_containing(roots, [CONFIG_SECRET, ENV_SECRET]) == []
     params = _mlflow_params(result.run_id)
-    assert params["agent.retriever.token"] == "**********", params
+    assert params["agent.retrieval.token"] == "**********", params
 
 
 def _mlflow_params(run_id: str) -> dict[str, str]:
@@ -96,7 +96,7 @@ def test_deployment_parameters_refuse_secrets() -> None:
     from infra.errors import ConfigError
 
     refuse_secret_parameters({"config": {"agent": {"rollout": {"max_tokens_per_turn": 5},
-                                                   "generator": {"tokenizer": "x"}, "retriever": {"token": None}}}})
-    for bad in ({"config": {"agent": {"retriever": {"token": CONFIG_SECRET}}}}, {"config.judge.api_key": "k"}):
+                                                   "generator": {"tokenizer": "x"}, "retrieval": {"token": None}}}})
+    for bad in ({"config": {"agent": {"retrieval": {"token": CONFIG_SECRET}}}}, {"config.judge.api_key": "k"}):
         with pytest.raises(ConfigError, match="environment"):
             refuse_secret_parameters(bad)

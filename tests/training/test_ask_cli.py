@@ -14,7 +14,7 @@ def test_ask_shows_turns_documents_and_answer(monkeypatch, scripted, mini_corpus
     gen.scripts = {"Who directed the film Ed Wood?": gen.scripts["Who directed the film Ed Wood?"]}
     monkeypatch.setattr(generation.TransformersGenerator, "from_model", classmethod(lambda cls, *a, **k: gen))
     result = CliRunner().invoke(app, ["ask", "Who directed the film Ed Wood?", "protocol=research",
-                                      f"retriever.corpus={mini_corpus_path}"], terminal_width=200)
+                                      f"retrieval.corpus={mini_corpus_path}"], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "turn 1: model" in result.output and "turn 2: model" in result.output
     assert "query: Ed Wood film director" in result.output
@@ -22,8 +22,8 @@ def test_ask_shows_turns_documents_and_answer(monkeypatch, scripted, mini_corpus
 
 
 def test_ask_needs_exactly_one_retriever() -> None:
-    result = CliRunner().invoke(app, ["ask", "Q?", "retriever.url=http://127.0.0.1:9",
-                                      "retriever.corpus=data/corpus/mini.jsonl"])
+    result = CliRunner().invoke(app, ["ask", "Q?", "retrieval.url=http://127.0.0.1:9",
+                                      "retrieval.corpus=data/corpus/mini.jsonl"])
     assert result.exit_code != 0
     assert "exactly one" in str(result.exception)
 

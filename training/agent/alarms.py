@@ -29,39 +29,13 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
 from evaluation.metrics import exact_match, normalize_answer
 from infra.config import StrictModel
-
-AlarmName = Literal["search_collapse", "copied_answers", "answer_collapse"]
-ALARMS: tuple[str, ...] = ("search_collapse", "copied_answers", "answer_collapse")
-
-
-class AlarmConfig(StrictModel):
-    """Thresholds of the training-health alarms (None disables one); ``stop_on`` picks the ones that stop a run."""
-
-    search_collapse_ratio: float | None = Field(
-        default=0.5, gt=0, le=1, description="search_collapse fires when mean searches per trajectory fall under "
-        "this fraction of the start (training: mean over the window vs the first search_baseline_steps steps; "
-        "held-out: final vs start policy).")
-    search_baseline_steps: int = Field(
-        default=2, ge=1, description="Training steps whose mean searches per trajectory are the start.")
-    max_copied_share: float | None = Field(
-        default=0.4, ge=0, le=1, description="copied_answers fires when more than this share of answers are copied "
-        "from the question (recorded: Search-R1's collapsed run 106 of 210 held-out answers; every other "
-        "committed run <= 0.27).")
-    max_answer_share: float | None = Field(
-        default=0.3, ge=0, le=1, description="answer_collapse fires when one answer string answers more than this "
-        "share of the questions (the ReSearch replicate: 'Nicholas J. Belkin' for 84 of 210 = 0.40; the "
-        "committed runs' most common answer <= 0.15, 'yes').")
-    min_answer_questions: int = Field(
-        default=10, ge=2, description="Distinct questions a training window needs before answer_collapse is judged.")
-    stop_on: list[AlarmName] = Field(
-        default_factory=list, description="Alarms that stop training at the step where they fire (a "
-        "TrainingHealthError naming the alarm); the others only warn. E.g. [search_collapse, copied_answers].")
+from training.agent.config import AlarmConfig, AlarmName
 
 
 class Alarm(StrictModel):

@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Literal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from evaluation.benchmarks import load_benchmark
-from evaluation.metrics import answer_metrics, retrieval_metrics
+from evaluation.metrics import ScoreTable, aggregate, answer_metrics, retrieval_metrics
+from evaluation.normalize import NormalizationName
 from infra import artifacts
 from infra.config import StrictModel
 from infra.errors import ConfigError
@@ -24,7 +27,7 @@ from training.agent.records import Trajectory, write_trajectories
 from training.agent.rollout import RolloutConfig, run_rollouts
 from training.agent.traces import TraceConfig
 from training.generation.spec import GeneratorSpec, open_generator
-from training.protocols.base import ProtocolName
+from training.protocols.registry import ProtocolName, protocol_class
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +38,28 @@ EXAMPLE_METRICS = ("em", "f1", "acc", "precision", "recall", "cem", "searches", 
 class AgentEvalConfig(StrictModel):
     """One agent evaluation: protocol, model, retriever, rollout settings and scoring options."""
 
-    protocol: ProtocolName = Field(default="research", description="Tag protocol: research, searchr1, r1searcher, "
-                                                                   "exsearch, smartsearch.")
+    protocol: ProtocolName = Field(default="research", description="Tag protocol: a key of "
+                                                                   "training.protocols.registry.PROTOCOLS.")
     generator: GeneratorSpec = Field(default_factory=GeneratorSpec, description="Generation engine and model.")
-    retriever: RetrieverSpec = Field(default_factory=lambda: RetrieverSpec(corpus=["data/corpus/mini.jsonl"]),
+    retrieval: RetrieverSpec = Field(default_factory=lambda: RetrieverSpec(corpus=["data/corpus/mini.jsonl"]),
                                      description="Retriever used by the agent (url | index | corpus).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout settings.")
-    normalization: Literal["squad", "r1searcher", "exsearch_released_buggy"] = Field(
-        default="squad", description="Answer normalization (exsearch_released_buggy reproduces a known bug).")
+    normalization: NormalizationName | None = Field(  # type: ignore[valid-type]
+        default=None, description="Answer normalization, a name in evaluation.normalize.NORMALIZATIONS "
+        "(exsearch_released_buggy reproduces a known bug); None: the protocol's own (SearchProtocol.normalization).")
     limit: int | None = Field(default=None, ge=1, description="Questions per dataset (first N).")
+
+    def answer_normalization(self) -> str:
+        """``normalization``, else the protocol's own rule."""
+        return self.normalization or protocol_class(self.protocol).normalization
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retriever_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "retriever" in data:
+            raise ValueError("`retriever:` is now `retrieval:` (the same url | index | corpus fields, spelled as in "
+                             "every other config): rename the key, e.g. agent.retrieval.corpus=data/corpus/mini.jsonl")
+        return data
 
 
 class DatasetEvalRef(BaseModel):
@@ -86,12 +102,12 @@ def evaluate_dataset(
     if not questions:
         raise ConfigError(f"benchmark {dataset!r} has no questions (check the file or the limit)")
     generator = generator or open_generator(cfg.generator, cached=True)
-    searcher = searcher or open_searcher(cfg.retriever)
+    searcher = searcher or open_searcher(cfg.retrieval)
     t0 = time.perf_counter()
     trajs = run_rollouts(questions, cfg.protocol, generator, searcher, cfg.rollout)
     seconds = time.perf_counter() - t0
     gold = {q.id: list(q.supporting_doc_ids) for q in questions}
-    examples = [score_trajectory(t, gold.get(t.question_id, []), cfg.normalization) for t in trajs]
+    examples = [score_trajectory(t, gold.get(t.question_id, []), cfg.answer_normalization()) for t in trajs]
     write_trajectories(trajs, artifacts.join(uri, "trajectories"), dataset=dataset, protocol=cfg.protocol)
     artifacts.write_jsonl(artifacts.join(uri, "examples.jsonl"), examples)
     artifacts.write_jsonl(artifacts.join(uri, "predictions.jsonl"), [
@@ -105,6 +121,23 @@ def evaluate_dataset(
     artifacts.write_manifest(uri, kind="agent_eval", dataset=dataset, count=len(examples), means=means,
                              seconds=seconds, config=cfg.model_dump(mode="json"))
     return DatasetEvalRef(dataset=dataset, uri=uri, n=len(examples), means=means, seconds=seconds)
+
+
+def score_checkpoint(cfg: AgentEvalConfig, benchmarks: Sequence[str], out_uri: str, confidence: float = 0.95,
+                     metrics: Sequence[str] = EXAMPLE_METRICS) -> ScoreTable:
+    """Evaluate one checkpoint (``cfg.generator.model``) on each benchmark (:func:`evaluate_dataset`, a directory
+    per benchmark under ``out_uri``) -> one row per benchmark (its file stem) with bootstrap intervals.
+
+    The one evaluation record of the loops: RL and SmartSearch return it, and EM's evaluation builds the same
+    :class:`~evaluation.metrics.ScoreTable`.
+    """
+    examples: list[dict[str, Any]] = []
+    for name in benchmarks:
+        stem = Path(name).stem
+        ref = evaluate_dataset(cfg, name, artifacts.join(out_uri, stem))
+        examples += [{**e, "dataset": stem} for e in artifacts.read_jsonl(artifacts.join(ref.uri, "examples.jsonl"))]
+    return aggregate(examples, [m for m in metrics if any(e.get(m) is not None for e in examples)],
+                     confidence=confidence)
 
 
 class EvalSummary(BaseModel):
@@ -141,16 +174,13 @@ def log_evaluation(run_id: str, summary: EvalSummary, refs: list[DatasetEvalRef]
     """Log ``{protocol/dataset}/{metric}`` means, the report and each dataset's files to MLflow run ``run_id``, and
     fill MLflow's agent views: each question set as a dataset input, a per-question results table and a sample of
     the trajectories as traces (``training.agent.traces``)."""
-    import mlflow
-
     from evaluation.benchmarks import resolve_benchmark
     from infra.errors import DataError
-    from infra.tracking import configure, log_artifact, log_metrics
+    from infra.tracking import log_artifact, log_metrics, resume_run
     from training.agent.records import read_trajectories
     from training.agent.traces import log_dataset_evaluation
 
-    configure()
-    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+    with resume_run(run_id):
         flat = {f"{key}/{name}": value for key, row in summary.table.items() for name, value in row.items()}
         log_metrics(flat)
         local = artifacts.local_path(summary.uri)

@@ -26,34 +26,20 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-
 from evaluation.benchmarks import Question, load_benchmark
 from evaluation.metrics import answer_metrics
 from infra import artifacts
-from infra.config import StrictModel
 from infra.errors import ConfigError, DataError
 from training.agent.alarms import Alarm, AlarmConfig, alarms_table, curve_alarms, heldout_alarms
+from training.agent.config import HeldoutSpec, RolloutConfig
 from training.agent.records import Trajectory
-from training.agent.rollout import RolloutConfig, run_rollouts
+from training.agent.rollout import run_rollouts
 
 log = logging.getLogger(__name__)
 
 HELDOUT_FIELDS = ("reward", "f1", "em", "cover_em", "format_ok", "n_searches")
 BOUNDED = {"f1", "em", "cover_em", "format_ok", "heldout_f1", "heldout_em", "heldout_format_ok", "format_ok_rate"}
 RewardFn = Callable[[list[Trajectory]], list[float]]
-
-
-class HeldoutSpec(StrictModel):
-    """Which dev questions form the held-out set."""
-
-    files: list[str] = Field(
-        default_factory=lambda: ["hotpotqa_dev", "2wikimultihopqa_dev", "musique_dev"],
-        description="Benchmarks (names or paths) whose paragraphs are in corpus/multihop_wiki.",
-    )
-    skip: int = Field(default=50, ge=0, description="Leading rows left out of each file (the *_mini sets).")
-    per_file: int = Field(default=70, ge=1, description="Questions taken from each file after `skip`.")
-    min_questions: int = Field(default=200, ge=1, description="Fewer questions than this is an error.")
 
 
 def build_heldout(spec: HeldoutSpec) -> list[Question]:
@@ -327,17 +313,12 @@ def report_learning(
         for f in files:
             shutil.copy2(f, dest / f.name)
     if mlflow_run_id:
-        from mlflow import MlflowClient
+        from infra.tracking import log_artifact, log_metrics, set_tags
 
-        client = MlflowClient()
         for f in files:
-            client.log_artifact(mlflow_run_id, str(f), artifact_path="learning")
-        for field, d in summary["paired"].items():
-            for k in ("start", "final", "diff", "low", "high"):
-                if math.isfinite(d[k]):
-                    client.log_metric(mlflow_run_id, f"heldout_{field}_{k}", d[k])
-        from infra.tracking import set_tags
-
+            log_artifact(f, artifact_path="learning", run_id=mlflow_run_id)
+        log_metrics({f"heldout_{field}_{k}": d[k] for field, d in summary["paired"].items()
+                     for k in ("start", "final", "diff", "low", "high")}, run_id=mlflow_run_id)
         set_tags(alarm_tags(alarms), run_id=mlflow_run_id)
     for a in alarms:
         log.warning("%s health alarm: %s", recipe, a.message)

@@ -42,7 +42,7 @@ class Trajectory(BaseModel):
     golden_answers: list[str] = Field(default_factory=list, description="Accepted answers (copied for scoring).")
     dataset: str = Field(default="", description="Dataset name.")
     sample: int = Field(default=0, description="Sample index among the n samples of this question.")
-    protocol: str = Field(description="Protocol name (research, searchr1, r1searcher, exsearch, smartsearch).")
+    protocol: str = Field(description="Protocol name (a key of training.protocols.registry.PROTOCOLS).")
     prompt: str = Field(description="Prompt text (chat template applied).")
     response: str = Field(description="Full response text after the prompt (generated + inserted).")
     turns: list[Turn] = Field(default_factory=list, description="Generation steps in order.")

@@ -29,10 +29,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
 from infra import progress
-from infra.config import StrictModel
+from training.agent.config import RolloutConfig
 from training.agent.records import Trajectory, Turn
 from training.generation.base import SamplingParams, derive_seed
 from training.protocols.base import AgentState, SearchProtocol, Segment, load_protocol
@@ -43,27 +41,6 @@ if TYPE_CHECKING:
     from training.generation.base import Generator
 
 log = logging.getLogger(__name__)
-
-
-class RolloutConfig(StrictModel):
-    """Rollout settings (protocol defaults apply where a field is None)."""
-
-    n: int = Field(default=1, ge=1, description="Samples per question (GRPO group size / EM K).")
-    temperature: float = Field(default=0.0, ge=0.0, description="Sampling temperature; 0 = greedy.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    seed: int | None = Field(
-        default=None, description="Base seed; step i samples with derive_seed(seed, i), and per-request engines "
-        "give each prompt of the step its own seed from that (see training.generation.derive_seed).")
-    best_of: int | None = Field(
-        default=None, ge=1, description="Per-step best-of-n by likelihood when sampling (None = protocol default)."
-    )
-    top_k: int | None = Field(default=None, ge=1, description="Documents per search (None = protocol default).")
-    max_turns: int | None = Field(default=None, ge=1, description="Turn limit (None = protocol default).")
-    max_tokens_per_turn: int | None = Field(
-        default=None, ge=1, description="New tokens per generation step (None = protocol default: 512, or the whole "
-        "remaining budget for ReSearch, whose seed caps only the response).")
-    max_total_tokens: int = Field(default=8192, ge=1, description="Generated tokens per trajectory in total.")
-    max_passes: int = Field(default=40, ge=1, description="Hard cap on generation steps per trajectory.")
 
 
 def prompt_token_ids(tokenizer: Any, prompt: str) -> list[int]:

@@ -9,14 +9,48 @@ from pydantic import Field, model_validator
 
 from infra.config import StrictModel, config_hash
 from infra.errors import ConfigError
-from retrieval.open import RetrieverSpec
-from training.agent.heldout import HeldoutSpec
-from training.agent.rollout import RolloutConfig
-from training.em.scoring import ScoringConfig
-from training.em.selection import SelectionConfig
-from training.generation.spec import GeneratorSpec
+from retrieval.config import RetrieverSpec
+from training.agent.config import HeldoutSpec, RolloutConfig
+from training.generation.config import GeneratorSpec
 from training.refs import QuestionSource
 from training.sft.config import SFTConfig, WarmupConfig
+
+Method = Literal["importance", "reward", "rejection", "exsearch_released_buggy"]
+
+
+class ScoringConfig(StrictModel):
+    """How trajectories are scored in the E-step."""
+
+    tokens: Literal["answer", "trajectory"] = Field(
+        default="answer",
+        description="`answer`: score log p(y*|x,z) only (the importance weight of a self-sampled z; default). "
+        "`trajectory`: every assistant turn, log p(z,y*|x) (released ExSearch; ablation only).",
+    )
+    batch_tokens: int = Field(default=4096, ge=64, description="Token budget per forward batch (padded B x T).")
+    max_length: int = Field(default=4096, ge=16, description="Longer sequences are not scored (NaN, then dropped).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="Model dtype.")
+
+
+class SelectionConfig(StrictModel):
+    """How E-step weights are computed from scored trajectories."""
+
+    method: Method = Field(default="importance", description="Weighting method (see module docstring).")
+    temperature: float = Field(default=1.0, gt=0, description="tau in softmax(L_i / tau) for `importance`.")
+    score: Literal["sum", "mean"] = Field(
+        default="sum",
+        description="L_i = summed log-prob of the supervised tokens (`sum`) or its per-token mean (`mean`).",
+    )
+    drop_single: bool = Field(default=True, description="Drop questions with a single finite-scored trajectory.")
+    drop_all_equal: bool = Field(
+        default=False, description="Drop questions whose finite scores are all equal (within `equal_tol`)."
+    )
+    equal_tol: float = Field(default=1e-9, ge=0, description="Tolerance for the all-equal test.")
+    correct_threshold: float = Field(
+        default=1.0, ge=0, le=1, description="`rejection`: a trajectory is correct when its `correct` score >= this."
+    )
+    max_empty_facts: int | None = Field(
+        default=2, ge=0, description="Drop trajectories with more empty <FACT> steps than this (the released "
+        "ExSearch entropy step: more than 2); None keeps them.")
 
 
 class SamplingSettings(StrictModel):

@@ -116,16 +116,13 @@ def write_learning_report(cfg: Any, start: HeldoutRef, final: HeldoutRef, curve:
     from pathlib import Path
 
     from infra import artifacts
-    from infra.settings import REPO_ROOT
+    from infra.paths import repo_path
     from training.agent.heldout import report_learning
 
     learn = cfg.learning
     if learn is None:
         raise ValueError("write_learning_report needs cfg.learning (the held-out recipe)")
-    evidence = None
-    if learn.evidence_dir:
-        evidence = Path(learn.evidence_dir)
-        evidence = evidence if evidence.is_absolute() else REPO_ROOT / evidence
+    evidence = repo_path(learn.evidence_dir) if learn.evidence_dir else None
     read = artifacts.read_jsonl
     return report_learning(learn.recipe, read(start.rows), read(final.rows), train_question_ids(cfg),
                            Path(final.path).parent.parent / "learning", curve=curve, x="iteration",

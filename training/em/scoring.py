@@ -24,28 +24,15 @@ import inspect
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra import progress
-from infra.config import StrictModel
 from infra.errors import DataError
+from training.em.config import ScoringConfig
 
 log = logging.getLogger(__name__)
-
-
-class ScoringConfig(StrictModel):
-    """How trajectories are scored in the E-step."""
-
-    tokens: Literal["answer", "trajectory"] = Field(
-        default="answer",
-        description="`answer`: score log p(y*|x,z) only (the importance weight of a self-sampled z; default). "
-        "`trajectory`: every assistant turn, log p(z,y*|x) (released ExSearch; ablation only).",
-    )
-    batch_tokens: int = Field(default=4096, ge=64, description="Token budget per forward batch (padded B x T).")
-    max_length: int = Field(default=4096, ge=16, description="Longer sequences are not scored (NaN, then dropped).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="Model dtype.")
 
 
 class ScoringInput(BaseModel):

@@ -37,36 +37,11 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.config import StrictModel
 from infra.errors import ConfigError
-
-Method = Literal["importance", "reward", "rejection", "exsearch_released_buggy"]
-
-
-class SelectionConfig(StrictModel):
-    """How E-step weights are computed from scored trajectories."""
-
-    method: Method = Field(default="importance", description="Weighting method (see module docstring).")
-    temperature: float = Field(default=1.0, gt=0, description="tau in softmax(L_i / tau) for `importance`.")
-    score: Literal["sum", "mean"] = Field(
-        default="sum",
-        description="L_i = summed log-prob of the supervised tokens (`sum`) or its per-token mean (`mean`).",
-    )
-    drop_single: bool = Field(default=True, description="Drop questions with a single finite-scored trajectory.")
-    drop_all_equal: bool = Field(
-        default=False, description="Drop questions whose finite scores are all equal (within `equal_tol`)."
-    )
-    equal_tol: float = Field(default=1e-9, ge=0, description="Tolerance for the all-equal test.")
-    correct_threshold: float = Field(
-        default=1.0, ge=0, le=1, description="`rejection`: a trajectory is correct when its `correct` score >= this."
-    )
-    max_empty_facts: int | None = Field(
-        default=2, ge=0, description="Drop trajectories with more empty <FACT> steps than this (the released "
-        "ExSearch entropy step: more than 2); None keeps them.")
+from training.em.config import SelectionConfig
 
 
 class Scored(BaseModel):

@@ -33,13 +33,6 @@ log = logging.getLogger(__name__)
 R = TypeVar("R", bound=StageRef)
 
 
-def experiment_root(cfg: EMLoopConfig) -> Path:
-    """The experiment's directory ``<runs>/em/<experiment>-<config key>``: same config -> same directory -> resume."""
-    from infra.settings import get_settings
-
-    return get_settings().runs_dir / "em" / f"{cfg.experiment}-{cfg.key()}"
-
-
 def run_stage(
     step: str, out_dir: str | Path, body: Callable[[Path], dict[str, Any]], keep_parts: bool = False,
     record: type[R] = StageRef,  # type: ignore[assignment]
@@ -199,7 +192,7 @@ def evaluate_checkpoint(cfg: EMLoopConfig, model_path: str, out_dir: str | Path)
 
     def body(out: Path) -> dict[str, Any]:
         ev = cfg.evaluation
-        agent = AgentEvalConfig(protocol=cfg.protocol, retriever=cfg.retrieval, rollout=ev.rollout,
+        agent = AgentEvalConfig(protocol=cfg.protocol, retrieval=cfg.retrieval, rollout=ev.rollout,
                                 generator=ev.generator.model_copy(update={"model": model_path}))
         searcher, examples = open_searcher(cfg.retrieval), []
         with generator_session(agent.generator) as gen:

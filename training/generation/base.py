@@ -60,6 +60,15 @@ class SamplingParams(StrictModel):
         """Samples drawn per prompt."""
         return self.best_of or self.n
 
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether completions need their log-probability: asked for, or to keep the best of the candidates."""
+        return self.logprobs or self.best_of is not None
+
+    def budgets(self, max_tokens: list[int] | None, n_prompts: int) -> list[int]:
+        """New-token budget per prompt: ``max_tokens`` (one per prompt) when given, else ``self.max_tokens``."""
+        return list(max_tokens) if max_tokens else [self.max_tokens] * n_prompts
+
 
 @dataclass
 class Completion:

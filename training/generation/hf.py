@@ -148,7 +148,7 @@ class TransformersGenerator:
             return []
         k = sampling.candidates
         rows = [p for p in prompts for _ in range(k)]
-        budgets = [b for b in (max_tokens or [sampling.max_tokens] * len(prompts)) for _ in range(k)]
+        budgets = [b for b in sampling.budgets(max_tokens, len(prompts)) for _ in range(k)]
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         out: list[Completion | None] = [None] * len(rows)
@@ -169,7 +169,7 @@ class TransformersGenerator:
                 for i, comp in zip(idx, batch, strict=True):
                     out[i] = comp
         done = [c for c in out if c is not None]
-        if sampling.logprobs or sampling.best_of is not None:
+        if sampling.wants_logprobs:
             self._score(rows, done)
         return regroup(done, len(prompts), sampling)
 

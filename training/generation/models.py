@@ -92,6 +92,17 @@ def resolve_model(name_or_path: str | os.PathLike[str], cache_dir: Path | None =
     )
 
 
+
+def resolve_policy(model: str) -> str:
+    """The policy a training stage starts from: :func:`resolve_model`'s local folder, except that a hub id
+    (``org/name``) that is not local passes through unchanged (verl workers download it themselves)."""
+    try:
+        return str(resolve_model(model))
+    except ConfigError:
+        if model.count("/") == 1 and not Path(model).exists() and not model.startswith("models:/"):
+            return model
+        raise
+
 def _marker(folder: Path) -> dict[str, Any]:
     try:
         return orjson.loads((folder / MARKER).read_bytes())

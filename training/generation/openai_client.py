@@ -115,7 +115,7 @@ class OpenAICompatibleGenerator:
             body["seed"] = seed
         if sampling.stop:
             body["stop"] = list(sampling.stop)
-        if sampling.logprobs or sampling.best_of is not None:
+        if sampling.wants_logprobs:
             body["logprobs"] = 1 if self.mode == "completions" else True
         if self.vllm_extras:
             body.update(include_stop_str_in_output=True, return_token_ids=True, skip_special_tokens=True)
@@ -167,7 +167,7 @@ class OpenAICompatibleGenerator:
         prompt when seeded (see the module docstring)."""
         if not prompts:
             return []
-        budgets = max_tokens or [sampling.max_tokens] * len(prompts)
+        budgets = sampling.budgets(max_tokens, len(prompts))
         groups: dict[tuple[int, int | None], list[int]] = {}
         for i, b in enumerate(budgets):
             key = (b, None) if sampling.seed is None else (b, derive_seed(sampling.seed, i))

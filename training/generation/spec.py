@@ -15,56 +15,11 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from infra.config import StrictModel
+from training.generation.config import GeneratorSpec
 
 log = logging.getLogger(__name__)
-
-Backend = Literal["transformers", "vllm", "openai", "vllm_served"]
-
-
-class GeneratorSpec(StrictModel):
-    """Which model generates, with which backend and engine settings."""
-
-    model: str = Field(
-        default="smollm2",
-        description="'smollm2', an HF folder, a .gguf file, or the served name (openai). Loops that train a policy "
-        "(EM, RL) set it to the current checkpoint.",
-    )
-    backend: Backend = Field(default="transformers", description="transformers | vllm | openai | vllm_served "
-                             "(vLLM's server from .venv-vllm for one session: EM and evaluation stages).")
-    base_url: str | None = Field(default=None, description="OpenAI-compatible server URL (openai), e.g. "
-                                                           "http://127.0.0.1:8001/v1.")
-    tokenizer: str | None = Field(
-        default=None,
-        description="Tokenizer of a served model (openai: chat templates, loss masks, EOS); default: ``model`` when "
-        "it names a local model ('smollm2', an HF folder, a .gguf), else none.",
-    )
-    batch_size: int = Field(default=64, ge=1, description="Prompts per forward batch (transformers).")
-    dtype: str = Field(default="auto", description="Weights dtype (transformers, vllm): auto | bfloat16 | float16 | "
-                                                   "float32; auto = bf16 where the hardware has it.")
-    device: str = Field(default="auto", description="transformers: auto | cpu | cuda.")
-    threads: int | None = Field(default=None, ge=1, description="transformers: torch CPU threads (None: torch's "
-                                                                "default or SEARCHLOOP_TORCH_THREADS).")
-
-    @model_validator(mode="after")
-    def _url_for_openai(self) -> GeneratorSpec:
-        if self.backend == "openai" and not self.base_url:
-            raise ValueError("backend=openai needs base_url (e.g. http://127.0.0.1:8001/v1, from "
-                             "`searchloop serve generator`)")
-        return self
-
-    def engine_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the backend's ``from_model`` (besides the model)."""
-        if self.backend == "transformers":
-            return {"batch_size": self.batch_size, "device": self.device, "threads": self.threads,
-                    "dtype": self.dtype}
-        if self.backend in ("vllm", "vllm_served"):
-            return {} if self.dtype == "auto" else {"dtype": self.dtype}
-        return {"base_url": self.base_url, "tokenizer": served_tokenizer(self.model, self.tokenizer)}
 
 
 def served_tokenizer(model: str, tokenizer: str | None) -> Any | None:

@@ -73,14 +73,12 @@ class VLLMGenerator:
 
         if not prompts:
             return []
-        k = sampling.candidates
-        want_lp = sampling.logprobs or sampling.best_of is not None
-        budgets = max_tokens or [sampling.max_tokens] * len(prompts)
+        want_lp, budgets = sampling.wants_logprobs, sampling.budgets(max_tokens, len(prompts))
         # one seed per prompt: identical prompts (K copies of a question) must not draw identical samples;
         # vLLM seeds the n samples of one prompt itself (seed + index)
         seeds = [None if sampling.seed is None else derive_seed(sampling.seed, i) for i in range(len(prompts))]
         params = [
-            VSP(n=k, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed, max_tokens=mt,
+            VSP(n=sampling.candidates, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed, max_tokens=mt,
                 stop=list(sampling.stop) or None, include_stop_str_in_output=True, logprobs=0 if want_lp else None)
             for mt, seed in zip(budgets, seeds, strict=True)
         ]

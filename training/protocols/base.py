@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import ConfigError
-from infra.lazy import pick, table_name
+from training.protocols.registry import PROTOCOLS as PROTOCOLS  # re-exported (the table lives in the leaf registry)
+from training.protocols.registry import ProtocolName as ProtocolName
+from training.protocols.registry import protocol_class
 
 if TYPE_CHECKING:
     from evaluation.benchmarks import Question
@@ -30,17 +32,18 @@ if TYPE_CHECKING:
 
 FinishReason = Literal["answer", "eos", "max_turns", "length"]
 
-PROTOCOLS: dict[str, str] = {
-    "research": "training.protocols.research:ReSearchProtocol",
-    "searchr1": "training.protocols.searchr1:SearchR1Protocol",
-    "r1searcher": "training.protocols.r1searcher:R1SearcherProtocol",
-    "exsearch": "training.protocols.exsearch:ExSearchProtocol",
-    "smartsearch": "training.protocols.smartsearch:SmartSearchProtocol",
-}
+# A warm-up script (``SearchProtocol.warmup_script``): the text a perfect agent generates at each step, with the stop
+# string that ended it (None: none) and the finish reason, replayed through the rollout engine by
+# ``training.warmup.renderers``.
+Script = list[tuple[str, "str | None", str]]
+WARMUP_OPENING = "I need to search for this."
+"""The reasoning a warm-up script puts before the first search (no fact is known yet)."""
 
 
-ProtocolName = table_name(PROTOCOLS, "protocol")
-"""A config field naming a protocol: checked when the config loads, with the other errors."""
+def boxed_answer(answer: str) -> str:
+    """``<answer> The final answer is \\[ \\boxed{answer} \\] </answer>`` (ReSearch and SmartSearch scripts)."""
+    return f"<answer> The final answer is \\[ \\boxed{{{answer}}} \\] </answer>"
+
 
 
 class FormatCheck(BaseModel):
@@ -146,6 +149,8 @@ class SearchProtocol(ABC):
     search_empty_queries: bool = False
     results_marker: str = ""  # opening text of an inserted result block (counts searches in a finished text)
     default_max_tokens_per_turn: int | None = 512  # per-step token cap; None = the whole remaining budget
+    normalization: str = "squad"  # answer normalization of the seed's EM/F1/cover-EM (evaluation.metrics)
+    judge_prompt: str = "research"  # LLM-judge prompt style of the seed's ACC_L (evaluation.judge)
 
     def __init__(self, top_k: int | None = None, max_turns: int | None = None, template: str = "instruct") -> None:
         if template not in {"instruct", "base"}:
@@ -153,6 +158,20 @@ class SearchProtocol(ABC):
         self.top_k = top_k or self.default_top_k
         self.max_turns = max_turns if max_turns is not None else self.default_max_turns
         self.template = template
+
+    # -- warm-up (training.warmup.renderers) -----------------------------------------------------------------------
+    def search_limit(self, max_turns: int) -> int:
+        """Searches a trajectory executes with ``max_turns`` generation passes (default: the last pass answers)."""
+        return max_turns - 1
+
+    def warmup_script(self, queries: list[str], facts: list[str], answer: str) -> Script:
+        """What a perfect agent of this protocol generates for a warm-up episode: one item per generation step.
+
+        ``facts[i]`` is the fact read from step i's documents (the reasoning before the next query or the answer);
+        with no query, ``facts`` holds at most one item. The renderer replays the items through the rollout engine
+        with this protocol, so prompt, document blocks and masks are a rollout's.
+        """
+        raise NotImplementedError(f"protocol {self.name!r} has no warm-up renderer: define warmup_script")
 
     # -- prompts -------------------------------------------------------------------------------------------------
     @abstractmethod
@@ -295,9 +314,9 @@ def strip_tags(text: str, tags: list[str]) -> str:
 
 
 def load_protocol(name: str, **kwargs: Any) -> SearchProtocol:
-    """Instantiate a protocol by preset name (``research``, ``searchr1``, ``r1searcher``, ``exsearch``...).
+    """Instantiate a protocol by preset name (a key of :data:`~training.protocols.registry.PROTOCOLS`).
 
     Raises:
         ConfigError: naming the known protocols when ``name`` is unknown.
     """
-    return pick(PROTOCOLS, name, "protocol")(**kwargs)
+    return protocol_class(name)(**kwargs)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from infra.errors import ConfigError
-from training.protocols.base import AgentState, FormatCheck, SearchProtocol, Segment
+from training.protocols.base import AgentState, FormatCheck, Script, SearchProtocol, Segment
 
 if TYPE_CHECKING:
     from retrieval.types import Hit
@@ -297,6 +297,15 @@ class ExSearchProtocol(SearchProtocol):
     def final_answer(self, state: AgentState) -> str | None:
         """The cleaned last assistant message."""
         return state.extra.get("answer")
+
+    def warmup_script(self, queries: list[str], facts: list[str], answer: str) -> Script:
+        """``<Fact> f`` / ``<Query> q<Search>`` per step, the final-answer token, then the answer turn."""
+        out: Script = []
+        for i, q in enumerate(queries):
+            head = f"{FACT_TOKEN} {facts[i - 1]}\n" if i else ""
+            out.append((f"{head}{QUERY_TOKEN} {q}{SEARCH_TOKEN}", SEARCH_TOKEN, "stop"))
+        final = f"{FACT_TOKEN} {facts[-1]}\n{FINAL_TOKEN}" if facts else FINAL_TOKEN
+        return [*out, (final, None, "eos"), (answer, None, "eos")]
 
     # The module's pure functions are the protocol's parsers and validator (importable without an instance).
     extract_query = staticmethod(extract_query)

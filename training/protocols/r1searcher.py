@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-from training.protocols.base import AgentState, FormatCheck, SearchProtocol, chat_prompt
+from training.protocols.base import WARMUP_OPENING, AgentState, FormatCheck, Script, SearchProtocol, chat_prompt
 
 if TYPE_CHECKING:
     from retrieval.types import Hit
@@ -137,6 +137,8 @@ class R1SearcherProtocol(SearchProtocol):
     """R1-Searcher: query/document special-tag protocol, at most 8 retrievals (9 passes)."""
 
     name = "r1searcher"
+    normalization = "r1searcher"  # the seed's own answer rule (evaluation.metrics)
+    judge_prompt = "r1searcher"  # metric_calc_gpt_as_judge.py's True/False prompt (evaluation.judge)
     stop = (END_QUERY, "</answer>")
     results_marker = BEGIN_DOCS
     default_top_k = 3
@@ -180,3 +182,10 @@ class R1SearcherProtocol(SearchProtocol):
     extract_query = staticmethod(extract_query)
     extract_answer = staticmethod(extract_answer)
     validate = staticmethod(validate)
+
+    def warmup_script(self, queries: list[str], facts: list[str], answer: str) -> Script:
+        """The fact, then ``<|begin_of_query|> q<|end_of_query|>`` per step; ``</think>`` and the answer last."""
+        out: Script = [(f"{facts[i - 1] if i else ' ' + WARMUP_OPENING} {BEGIN_QUERY} {q}{END_QUERY}", END_QUERY,
+                        "stop") for i, q in enumerate(queries)]
+        last = (facts[-1] if queries else " " + facts[-1]) if facts else " " + WARMUP_OPENING
+        return [*out, (f"{last} </think>\n\n<answer> {answer} </answer>", "</answer>", "stop")]

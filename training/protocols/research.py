@@ -16,7 +16,17 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from training.protocols.base import AgentState, FormatCheck, SearchProtocol, chat_prompt, last_between, last_boxed
+from training.protocols.base import (
+    WARMUP_OPENING,
+    AgentState,
+    FormatCheck,
+    Script,
+    SearchProtocol,
+    boxed_answer,
+    chat_prompt,
+    last_between,
+    last_boxed,
+)
 
 if TYPE_CHECKING:
     from retrieval.types import Hit
@@ -146,6 +156,15 @@ class ReSearchProtocol(SearchProtocol):
         """Insert the result block; an empty query inserts ``nothing to search``."""
         state.n_searches += 1
         self._insert(state, self.result_text(query, hits), query, hits)
+
+    def warmup_script(self, queries: list[str], facts: list[str], answer: str) -> Script:
+        """``<think> fact </think>\n<search> q </search>`` per step, then the boxed answer (ends with EOS)."""
+        out: Script = []
+        for i, q in enumerate(queries):
+            think = facts[i - 1] if i else WARMUP_OPENING
+            out.append((f"{' ' if i else ''}<think> {think} </think>\n<search> {q} </search>", "</search>", "stop"))
+        last = facts[-1] if facts else WARMUP_OPENING
+        return [*out, (f"{' ' if queries else ''}<think> {last} </think>\n{boxed_answer(answer)}", None, "eos")]
 
     # The module's pure functions are the protocol's parsers and validator (importable without an instance).
     extract_query = staticmethod(extract_query)

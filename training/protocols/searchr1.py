@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from training.protocols.base import AgentState, FormatCheck, SearchProtocol, chat_prompt
+from training.protocols.base import WARMUP_OPENING, AgentState, FormatCheck, Script, SearchProtocol, chat_prompt
 
 if TYPE_CHECKING:
     from retrieval.types import Hit
@@ -155,3 +155,14 @@ class SearchR1Protocol(SearchProtocol):
     extract_query = staticmethod(extract_query)
     extract_answer = staticmethod(extract_answer)
     validate = staticmethod(validate)
+
+    def search_limit(self, max_turns: int) -> int:
+        """Search-R1 counts actions: every turn may search (the answer comes after the last search's results)."""
+        return max_turns
+
+    def warmup_script(self, queries: list[str], facts: list[str], answer: str) -> Script:
+        """``<think> fact </think>\n<search> q </search>`` per step, then ``<answer> a </answer>``."""
+        out: Script = [(f"<think> {facts[i - 1] if i else WARMUP_OPENING} </think>\n<search> {q} </search>",
+                        "</search>", "stop") for i, q in enumerate(queries)]
+        last = facts[-1] if facts else WARMUP_OPENING
+        return [*out, (f"<think> {last} </think>\n<answer> {answer} </answer>", "</answer>", "stop")]

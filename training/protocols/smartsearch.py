@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from training.protocols.base import AgentState, FormatCheck, last_boxed
+from training.protocols.base import WARMUP_OPENING, AgentState, FormatCheck, Script, boxed_answer, last_boxed
 from training.protocols.research import SYSTEM_TEMPLATE, ReSearchProtocol, _research_reasons
 
 if TYPE_CHECKING:
@@ -107,3 +107,12 @@ class SmartSearchProtocol(ReSearchProtocol):
     extract_query = staticmethod(extract_query)
     extract_answer = staticmethod(extract_answer)
     validate = staticmethod(validate)
+
+    def warmup_script(self, queries: list[str], facts: list[str], answer: str) -> Script:
+        """As ReSearch's, but the prompt already opens ``<think>``: the first step continues it."""
+        out: Script = []
+        for i, q in enumerate(queries):
+            head = f"<think> {facts[i - 1]} </think>" if i else f" {WARMUP_OPENING} </think>"
+            out.append((f"{head}\n<search> {q} </search>", "</search>", "stop"))
+        head = f"<think> {facts[-1]} </think>" if queries else f" {facts[-1] if facts else WARMUP_OPENING} </think>"
+        return [*out, (f"{head}\n{boxed_answer(answer)}", None, "eos")]

@@ -12,35 +12,36 @@ settings) and ``extra_info["max_redundancy"]``: a round is bad when the judge sa
 documents repeat. Without verdicts the redundancy rule alone counts (logged once).
 
 TRL: ``GRPOTrainer(reward_funcs=[trl_reward_func("research")], ...)``; golds come from a dataset column.
+
+What a reward needs from a trainer (EOS, judge verdicts, the question) is the reward module's own
+(:class:`training.rewards.common.Reward` hooks): nothing here branches on a reward's name.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import Any
 
 from infra.errors import ConfigError, DataError
-from infra.lazy import table_name
-from training import rewards as R
+from infra.lazy import pick
+from training.rewards.common import Reward, RewardBreakdown
+from training.rewards.registry import REWARDS, RewardName
 
-REWARDS: dict[str, Callable[..., R.RewardBreakdown]] = {
-    "research": R.research_reward,
-    "r1searcher_stage1": R.r1searcher_stage1_reward,
-    "r1searcher_stage2": partial(R.r1searcher_stage2_reward, style="qwen"),
-    "r1searcher_stage2_llama": partial(R.r1searcher_stage2_reward, style="llama"),
-    "searchr1_em": R.searchr1_em_reward,
-    "searchr1_format": R.searchr1_format_reward,
-    "smartsearch": R.smartsearch_reward,
-}
+__all__ = ["REWARDS", "RewardName", "compute_score", "reward_of", "score_response", "seed_reward_fn",
+           "trl_reward_func"]
 
 
-RewardName = table_name(REWARDS, "reward")
-"""A config field naming a reward: checked when the config loads, with the other errors."""
+def reward_of(name: str) -> Reward:
+    """The :class:`Reward` named ``name`` in :data:`~training.rewards.registry.REWARDS` (imported now).
+
+    Raises:
+        ConfigError: for an unknown name (listing the valid ones).
+    """
+    return pick(REWARDS, name, "reward")
 
 
-def score_response(name: str, response: str, golds: Sequence[str], **options: Any) -> R.RewardBreakdown:
+def score_response(name: str, response: str, golds: Sequence[str], **options: Any) -> RewardBreakdown:
     """Score one response with the reward called ``name`` (a key of :data:`REWARDS`).
 
     Args:
@@ -52,9 +53,7 @@ def score_response(name: str, response: str, golds: Sequence[str], **options: An
     Raises:
         ConfigError: for an unknown name or option.
     """
-    fn = REWARDS.get(name)
-    if fn is None:
-        raise ConfigError(f"unknown reward {name!r}; choose one of {', '.join(REWARDS)}")
+    fn = reward_of(name).score
     prefix = options.pop("response_prefix", "")
     try:
         return fn(prefix + response, list(golds), **options)
@@ -101,52 +100,10 @@ def compute_score(
 
 def _verl(name: str, solution_str: str, ground_truth: Any, info: Mapping) -> dict[str, float]:
     options = dict(info.get("reward_options") or {})
-    extra: dict[str, float] = {}
-    if name == "research" and "eos_token" not in options and "finished" not in options:
-        # verl decodes without special tokens, so the text never shows EOS; our agent loop reports it instead
-        finished = info.get("finished")
-        if finished is None:
-            _warn_once("verl gave no extra_info['finished'] for the research reward (is the agent loop ours?): "
-                       "responses count as finished, so the over-length rule cannot apply")
-        else:
-            options["finished"] = bool(finished)
-            extra["finished"] = float(bool(finished))
-    if name == "smartsearch" and "scorers" not in options:
-        options["scorers"], judged = smartsearch_scorers(info)
-        extra |= judged
+    hook = reward_of(name).verl_options
+    extra = hook(info, options) if hook else {}
     result = score_response(name, solution_str, golds_from_ground_truth(ground_truth), **options)
     return {"score": float(result.score), **{k: float(v) for k, v in result.parts.items()}, **extra}
-
-
-def smartsearch_scorers(info: Mapping) -> tuple[tuple[Any, ...], dict[str, float]]:
-    """SmartSearch's round scorers from a sample's ``extra_info``: the redundancy rule, plus the judge's verdicts
-    when the agent loop reported ``round_useful``; and the extra floats to report (``judge_failed``, ``branch``)."""
-    from training.rewards.smartsearch import JudgeVerdicts, RedundancyRule
-
-    max_redundancy = info.get("max_redundancy")
-    rule = RedundancyRule(1 if max_redundancy is None else int(max_redundancy))
-    useful = info.get("round_useful")
-    if useful is None:
-        _warn_once("no extra_info['round_useful'] for the smartsearch reward (agent loop without `smartsearch` "
-                   "judge settings?): bad rounds are counted by the redundancy rule only")
-        return (rule,), {}
-    if hasattr(useful, "tolist"):
-        useful = useful.tolist()
-    verdicts = tuple(None if v is None or v != v else int(v) for v in useful)  # v != v: NaN from a parquet round trip
-    extra = {"judge_failed": float(sum(v is None for v in verdicts)),
-             "branch": float(info.get("branch", 0) or 0)}
-    return (rule, JudgeVerdicts(verdicts)), extra
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    import logging
-
-    if message not in _WARNED:
-        _WARNED.add(message)
-        logging.getLogger(__name__).warning(message)
 
 
 def _verl_entry(name: str) -> Callable[..., dict[str, float]]:
@@ -160,13 +117,12 @@ def _verl_entry(name: str) -> Callable[..., dict[str, float]]:
     return entry
 
 
-compute_score_research = _verl_entry("research")
-compute_score_r1searcher_stage1 = _verl_entry("r1searcher_stage1")
-compute_score_r1searcher_stage2 = _verl_entry("r1searcher_stage2")
-compute_score_r1searcher_stage2_llama = _verl_entry("r1searcher_stage2_llama")
-compute_score_searchr1_em = _verl_entry("searchr1_em")
-compute_score_searchr1_format = _verl_entry("searchr1_format")
-compute_score_smartsearch = _verl_entry("smartsearch")
+def __getattr__(attr: str) -> Callable[..., dict[str, float]]:
+    """``compute_score_<reward>``: a verl entry point fixed to that reward, for every name in the table (PEP 562)."""
+    name = attr.removeprefix("compute_score_")
+    if attr.startswith("compute_score_") and name in REWARDS:
+        return _verl_entry(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
 def completion_text(completion: Any) -> str:
@@ -186,31 +142,22 @@ def trl_reward_func(
     Args:
         name: reward name (a key of :data:`REWARDS`).
         gold_column: dataset column holding the gold answers (TRL passes columns as keyword lists).
-        eos_token_id: for ``research``: a completion ends with EOS when its ``completion_ids`` end with this id
-            (TRL decodes without special tokens, so the text cannot show it). Without it, completions count as
-            finished unless a ``finished`` column says otherwise.
+        eos_token_id: passed to the reward's ``trl_options`` hook (``research``: a completion ends with EOS when its
+            ``completion_ids`` end with this id, as TRL decodes without special tokens).
         **options: options of the reward (see :func:`score_response`).
     """
-    if name not in REWARDS:
-        raise ConfigError(f"unknown reward {name!r}; choose one of {', '.join(REWARDS)}")
+    hook = reward_of(name).trl_options
 
     def reward(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         golds = kwargs.get(gold_column)
         if golds is None:
             columns = sorted(k for k in kwargs if k not in ("trainer_state", "completion_ids"))
             raise DataError(f"reward {name!r} needs the dataset column {gold_column!r}; columns present: {columns}")
-        ids = kwargs.get("completion_ids")
-        finished = kwargs.get("finished")
         scores = []
         for i, completion in enumerate(completions):
             opts = dict(options)
-            if name == "research":
-                if eos_token_id is not None and ids is not None:
-                    opts["finished"] = bool(ids[i]) and ids[i][-1] == eos_token_id
-                elif finished is not None:
-                    opts["finished"] = bool(finished[i])
-            if name == "smartsearch" and "question" in kwargs:
-                opts.setdefault("question", str(kwargs["question"][i]))
+            if hook:
+                hook(i, kwargs, opts, eos_token_id)
             result = score_response(name, completion_text(completion), golds_from_ground_truth(golds[i]), **opts)
             scores.append(float(result.score))
         return scores

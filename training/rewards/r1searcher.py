@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from typing import Literal
 
 from evaluation.metrics import f1_score, token_cover_em
 from infra.errors import ConfigError
 from training.protocols import r1searcher as r1_protocol
-from training.rewards.common import RewardBreakdown, as_golds
+from training.rewards.common import Reward, RewardBreakdown, as_golds
 
 
 def r1searcher_answer(response: str) -> str:
@@ -78,3 +79,11 @@ def r1searcher_stage2_reward(
 
 
 # -------------------------------------------------------------------------------------------------- Search-R1
+
+
+STAGE1 = Reward(r1searcher_stage1_reward)
+"""``r1searcher_stage1``: format + retrieval (``training.rewards.registry``)."""
+STAGE2 = Reward(partial(r1searcher_stage2_reward, style="qwen"))
+"""``r1searcher_stage2``: format + answer F1, the Qwen server's format rule."""
+STAGE2_LLAMA = Reward(partial(r1searcher_stage2_reward, style="llama"))
+"""``r1searcher_stage2_llama``: the same with the Llama server's format rule."""

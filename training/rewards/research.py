@@ -4,11 +4,12 @@ inside ``<answer>`` if F1 > 0, else 0.1."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from evaluation.metrics import f1_score
 from training.protocols import research as research_protocol
-from training.rewards.common import RewardBreakdown, as_golds
+from training.rewards.common import Reward, RewardBreakdown, as_golds, warn_once
 
 
 def research_answer(response: str) -> str | None:
@@ -47,3 +48,30 @@ def research_reward(
 
 
 # ------------------------------------------------------------------------------------------------ R1-Searcher
+
+
+def _verl_finished(info: Mapping[str, Any], options: dict[str, Any]) -> dict[str, float]:
+    """verl decodes without special tokens, so the text never shows EOS: our agent loop reports ``finished``."""
+    if "eos_token" in options or "finished" in options:
+        return {}
+    finished = info.get("finished")
+    if finished is None:
+        warn_once("verl gave no extra_info['finished'] for the research reward (is the agent loop ours?): "
+                  "responses count as finished, so the over-length rule cannot apply")
+        return {}
+    options["finished"] = bool(finished)
+    return {"finished": float(bool(finished))}
+
+
+def _trl_finished(i: int, kwargs: Mapping[str, Any], options: dict[str, Any], eos_token_id: int | None) -> None:
+    """TRL decodes without special tokens: a completion ended with EOS when its ids end with ``eos_token_id``,
+    else a ``finished`` column says so (without either it counts as finished)."""
+    ids, finished = kwargs.get("completion_ids"), kwargs.get("finished")
+    if eos_token_id is not None and ids is not None:
+        options["finished"] = bool(ids[i]) and ids[i][-1] == eos_token_id
+    elif finished is not None:
+        options["finished"] = bool(finished[i])
+
+
+RESEARCH = Reward(research_reward, verl_options=_verl_finished, trl_options=_trl_finished)
+"""The ``research`` reward (``training.rewards.registry``)."""

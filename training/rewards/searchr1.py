@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from evaluation.metrics import exact_match, normalize_answer
 from training.protocols import searchr1 as searchr1_protocol
 from training.protocols.base import FormatCheck
-from training.rewards.common import RewardBreakdown, as_golds
+from training.rewards.common import Reward, RewardBreakdown, as_golds
 
 
 def searchr1_answer(text: str, min_answer_matches: int = 1) -> str | None:
@@ -81,3 +81,9 @@ def searchr1_format_reward(
 
 
 # ------------------------------------------------------------------------------------------------ SmartSearch
+
+
+EM = Reward(searchr1_em_reward)
+"""``searchr1_em``: exact match of the last answer (``training.rewards.registry``)."""
+FORMAT = Reward(searchr1_format_reward)
+"""``searchr1_format``: exact match with the format bonus/penalty."""

@@ -5,15 +5,15 @@ usefulness judge)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from evaluation.metrics import f1_score
 from training.protocols import research as research_protocol
 from training.protocols import smartsearch as smartsearch_protocol
 from training.protocols.base import last_boxed
-from training.rewards.common import RewardBreakdown, as_golds
+from training.rewards.common import Reward, RewardBreakdown, as_golds, warn_once
 
 
 class RoundScorer(Protocol):
@@ -135,3 +135,39 @@ def smartsearch_reward(
     if smartsearch_protocol.BAD_SEARCH_TAG in text:
         return RewardBreakdown(0.0, parts, "malformed tag '</search<'")
     return RewardBreakdown(score, parts, "; ".join(check.reasons) or "format ok")
+
+
+def smartsearch_scorers(info: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, float]]:
+    """SmartSearch's round scorers from a verl sample's ``extra_info``: the redundancy rule (``max_redundancy``),
+    plus the judge's verdicts when the agent loop reported ``round_useful`` (1/0/None per round); and the extra
+    floats to report (``judge_failed``, ``branch``)."""
+    max_redundancy = info.get("max_redundancy")
+    rule = RedundancyRule(1 if max_redundancy is None else int(max_redundancy))
+    useful = info.get("round_useful")
+    if useful is None:
+        warn_once("no extra_info['round_useful'] for the smartsearch reward (agent loop without `smartsearch` "
+                  "judge settings?): bad rounds are counted by the redundancy rule only")
+        return (rule,), {}
+    if hasattr(useful, "tolist"):
+        useful = useful.tolist()
+    verdicts = tuple(None if v is None or v != v else int(v) for v in useful)  # v != v: NaN from a parquet round trip
+    extra = {"judge_failed": float(sum(v is None for v in verdicts)),
+             "branch": float(info.get("branch", 0) or 0)}
+    return (rule, JudgeVerdicts(verdicts)), extra
+
+
+def _verl_scorers(info: Mapping[str, Any], options: dict[str, Any]) -> dict[str, float]:
+    if "scorers" in options:
+        return {}
+    options["scorers"], extra = smartsearch_scorers(info)
+    return extra
+
+
+def _trl_question(i: int, kwargs: Mapping[str, Any], options: dict[str, Any], eos_token_id: int | None) -> None:
+    if "question" in kwargs:
+        options.setdefault("question", str(kwargs["question"][i]))
+
+
+SMARTSEARCH = Reward(smartsearch_reward, verl_options=_verl_scorers, trl_options=_trl_question)
+"""The ``smartsearch`` reward (``training.rewards.registry``): judge verdicts from verl's ``extra_info``, the
+question from TRL's ``question`` column."""

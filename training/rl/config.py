@@ -7,22 +7,96 @@ how R1-Searcher's two stages chain. ``engine`` picks TRL (one machine) or verl (
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from infra.config import StrictModel
-from retrieval.open import RetrieverSpec
-from training.generation.spec import GeneratorSpec
-from training.protocols.base import ProtocolName
-from training.rewards.adapters import RewardName
-from training.rl.data import DifficultyConfig
+from evaluation.normalize import NormalizationName
+from infra.config import StrictModel, config_hash
+from retrieval.config import RetrieverSpec
+from training.agent.config import AlarmConfig
+from training.generation.config import GeneratorSpec
+from training.protocols.registry import ProtocolName, protocol_class
+from training.rewards.registry import RewardName
 from training.rl.engines import ENGINES, EngineName
-from training.rl.health import HealthConfig
-from training.rl.trl_engine import TRLSearchConfig
 from training.rl.verl.config import VerlConfig
 from training.sft.config import WarmupConfig
+
+
+class TRLSearchConfig(StrictModel):
+    """GRPO settings for the TRL engine (one machine; CPU or one GPU)."""
+
+    algorithm: Literal["grpo", "dr_grpo", "bnpo"] = Field(
+        default="grpo", description="TRL loss_type (grpo: per-sequence mean; dr_grpo: no length bias).")
+    num_generations: int = Field(default=4, ge=2, description="Rollouts per prompt (group size).")
+    prompts_per_step: int = Field(default=2, ge=1, description="Distinct prompts per optimizer step.")
+    learning_rate: float = Field(default=1e-6, gt=0, description="AdamW learning rate.")
+    beta: float = Field(default=0.001, ge=0, description="KL coefficient to the reference model (0: no ref).")
+    epsilon: float = Field(default=0.2, gt=0, description="PPO clip range.")
+    scale_rewards: Literal["group", "batch", "none"] = Field(default="group", description="Advantage scaling.")
+    max_steps: int = Field(default=10, ge=1, description="Optimizer steps.")
+    max_completion_length: int = Field(default=512, ge=8, description="Generated-token budget per trajectory.")
+    max_tokens_per_turn: int | None = Field(
+        default=128, ge=1, description="New tokens per generation step of a rollout; None = no per-step cap of "
+        "ours: the protocol's (ReSearch, like its seed: none, each step may use the whole remaining budget).")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature of rollouts.")
+    save_steps: int = Field(default=5, ge=1, description="Checkpoint every N steps (resume picks the latest).")
+    save_total_limit: int = Field(default=2, ge=1, description="Checkpoints kept.")
+    logging_steps: int = Field(default=1, ge=1, description="Log every N steps.")
+    seed: int = Field(default=0, description="Trainer seed.")
+    gradient_checkpointing: bool = Field(default=False, description="Activation checkpointing.")
+    lora_rank: int | None = Field(
+        default=None, ge=1, description="Train LoRA adapters of this rank on every linear layer (None: full "
+        "fine-tune). With beta > 0 the reference is the policy with its adapters disabled (no model copy).")
+    lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator (with lora_rank).")
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA dropout (with lora_rank).")
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="bf16: autocast the policy's forward/backward and the rollouts to bfloat16; "
+        "only where the hardware has native bf16 (CPU flags avx512_bf16/amx_bf16, or a bf16 GPU), else an error.")
+    micro_batch_size: int | None = Field(
+        default=None, ge=1, description="Completions per forward/backward (gradient accumulation over the step's "
+        "prompts_per_step x num_generations); None = the whole step at once. Bounds training memory: 16 ReSearch "
+        "completions in one batch reached 16.5 GB RSS on CPU.")
+
+    @model_validator(mode="after")
+    def _micro_batch_divides_the_step(self) -> TRLSearchConfig:
+        step = self.prompts_per_step * self.num_generations
+        if self.micro_batch_size is not None and step % self.micro_batch_size:
+            raise ValueError(f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step x "
+                             f"num_generations = {step}")
+        return self
+
+
+class HealthConfig(AlarmConfig):
+    """Thresholds of the health checks (None disables a check) and of the alarms (``AlarmConfig``'s fields:
+    ``search_collapse_ratio``, ``search_baseline_steps``, ``max_copied_share``, ``max_answer_share``,
+    ``min_answer_questions``, ``stop_on``)."""
+
+    window: int = Field(default=5, ge=1, description="Consecutive steps a collapse condition must hold.")
+    min_reward_std: float | None = Field(
+        default=None, ge=0, description="Collapse if the reward's std over the window is below this (None: off).")
+    max_format_failure_rate: float | None = Field(
+        default=0.98, ge=0, le=1, description="Collapse if format failures stay above this for the window.")
+    min_response_length: float | None = Field(
+        default=2.0, ge=0, description="Collapse if mean response length (tokens) stays below this.")
+    min_entropy: float | None = Field(default=0.01, ge=0, description="Collapse if entropy stays below this.")
+    max_kl: float | None = Field(default=10.0, gt=0, description="Stop if KL exceeds this on any step.")
+    stop_on_nan: bool = Field(default=True, description="Stop on a NaN/inf loss, reward, KL or grad norm.")
+    warmup_steps: int = Field(default=0, ge=0, description="Steps ignored by the collapse checks.")
+
+
+class DifficultyConfig(StrictModel):
+    """Difficulty bucketing by rollouts-to-first-correct (R1-Searcher: easy < 10, medium 10-20, difficult > 20)."""
+
+    easy_below: int = Field(default=10, ge=1, description="First correct rollout index (1-based) below this: easy.")
+    difficult_above: int = Field(default=20, ge=1, description="Index above this (or never correct): difficult.")
+    unsolved: Literal["difficult", "drop"] = Field(
+        default="difficult", description="Questions never answered within the budget: count as difficult or drop.")
+    ratio: dict[str, float] = Field(
+        default_factory=lambda: {"easy": 0.0, "medium": 0.5, "difficult": 0.5},
+        description="Mixing ratio per bucket (normalised); R1-Searcher trains on medium + difficult.")
+    total: int | None = Field(default=None, ge=1, description="Questions in the mixed set; None = as many as fit.")
+    seed: int = Field(default=0, description="Sampling seed for the mix.")
 
 
 class DataSpec(StrictModel):
@@ -79,8 +153,9 @@ class EvalSpec(StrictModel):
     top_k: int | None = Field(
         default=None, ge=1, description="Documents per search at evaluation (R1-Searcher evaluates with 5, trains with "
         "3); None: the last stage's top-k.")
-    normalization: Literal["squad", "r1searcher"] = Field(
-        default="squad", description="Answer normalization for EM/F1/cover-EM (r1searcher: the seed's own rule).")
+    normalization: NormalizationName | None = Field(  # type: ignore[valid-type]
+        default=None, description="Answer normalization for EM/F1/cover-EM (a name in "
+        "evaluation.normalize.NORMALIZATIONS); None: the protocol's own rule (SearchProtocol.normalization).")
     generator: GeneratorSpec = Field(
         default_factory=lambda: GeneratorSpec(batch_size=16),
         description="Generation engine of evaluation and difficulty rollouts; its model is the policy evaluated.")
@@ -104,7 +179,7 @@ class RLConfig(StrictModel):
     model: str = Field(description="Initial policy: HF folder, or a name under the model cache.")
     init: InitSpec = Field(
         default_factory=InitSpec, description="Steps that make the initial policy from `model` (warm-up SFT).")
-    protocol: ProtocolName = Field(description="Tag protocol (research, searchr1, r1searcher, smartsearch, exsearch).")
+    protocol: ProtocolName = Field(description="Tag protocol (a key of training.protocols.registry.PROTOCOLS).")
     template: Literal["instruct", "base"] = Field(default="instruct", description="Prompt template kind.")
     data: DataSpec = Field(description="Question sets.")
     retrieval: RetrieverSpec = Field(
@@ -136,6 +211,19 @@ class RLConfig(StrictModel):
         decided; rollouts, warm-up, verl's tool and agent loop all read it)."""
         return stage.top_k or self.top_k
 
+    def key(self) -> str:
+        """Short hash of the preset + overrides (its experiment directory, ``infra.paths.experiment_root``); the
+        warm-up SFT's ``timeout_s`` is left out, so a re-run may raise it and still reuse the directory."""
+        data = self.model_dump(mode="json")
+        if data["init"].get("warmup"):
+            data["init"]["warmup"]["sft"].pop("timeout_s", None)
+        return config_hash(data)[:10]
+
+    def eval_normalization(self) -> str:
+        """Answer normalization at evaluation: ``eval.normalization``, else the protocol's own rule (the protocol
+        class is imported by name, so this module stays a leaf)."""
+        return self.eval.normalization or protocol_class(self.protocol).normalization
+
     def eval_top_k(self) -> int:
         """Documents per search at evaluation: ``eval.top_k``, else the last stage's."""
         return self.eval.top_k or self.stage_top_k(self.stages[-1])
@@ -163,18 +251,3 @@ class RLConfig(StrictModel):
             raise ValueError("; ".join(errors))
         return self
 
-
-def resolve_model(model: str) -> str:
-    """A local HF folder for ``model`` (name such as ``smollm2``, folder or GGUF; see ``training.generation.models``).
-
-    Hub ids (``org/name``) that are not local pass through unchanged: verl workers download them themselves.
-    """
-    from infra.errors import ConfigError
-    from training.generation.models import resolve_model as resolve_local
-
-    try:
-        return str(resolve_local(model))
-    except ConfigError:
-        if model.count("/") == 1 and not Path(model).exists() and not model.startswith("models:/"):
-            return model
-        raise

@@ -22,6 +22,7 @@ from evaluation.benchmarks import Question
 from infra import artifacts
 from infra.config import StrictModel
 from infra.errors import DataError
+from training.rl.config import DifficultyConfig
 
 Bucket = Literal["easy", "medium", "difficult"]
 BUCKETS: tuple[Bucket, ...] = ("easy", "medium", "difficult")
@@ -124,20 +125,6 @@ def prepare_rl_data(splits: Mapping[str, Sequence[Question]], out_uri: str, mess
 
 
 # ---------------------------------------------------------------- difficulty buckets (R1-Searcher)
-
-
-class DifficultyConfig(StrictModel):
-    """Difficulty bucketing by rollouts-to-first-correct (R1-Searcher: easy < 10, medium 10-20, difficult > 20)."""
-
-    easy_below: int = Field(default=10, ge=1, description="First correct rollout index (1-based) below this: easy.")
-    difficult_above: int = Field(default=20, ge=1, description="Index above this (or never correct): difficult.")
-    unsolved: Literal["difficult", "drop"] = Field(
-        default="difficult", description="Questions never answered within the budget: count as difficult or drop.")
-    ratio: dict[str, float] = Field(
-        default_factory=lambda: {"easy": 0.0, "medium": 0.5, "difficult": 0.5},
-        description="Mixing ratio per bucket (normalised); R1-Searcher trains on medium + difficult.")
-    total: int | None = Field(default=None, ge=1, description="Questions in the mixed set; None = as many as fit.")
-    seed: int = Field(default=0, description="Sampling seed for the mix.")
 
 
 def first_correct(flags: Sequence[bool]) -> int | None:

@@ -32,7 +32,9 @@ from pydantic import Field
 
 from infra.config import StrictModel
 from infra.errors import StoppedError
-from training.agent.alarms import Alarm, AlarmConfig, AnswerObs, copied_share, evidence_alarms, window_alarms
+from training.agent.alarms import Alarm, AnswerObs, copied_share, evidence_alarms, window_alarms
+from training.agent.config import AlarmConfig
+from training.rl.config import HealthConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,24 +55,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
 
 class TrainingHealthError(StoppedError):
     """Training was stopped by a health check; the message names the metric, the step and the kept checkpoint."""
-
-
-class HealthConfig(AlarmConfig):
-    """Thresholds of the health checks (None disables a check) and of the alarms (``AlarmConfig``'s fields:
-    ``search_collapse_ratio``, ``search_baseline_steps``, ``max_copied_share``, ``max_answer_share``,
-    ``min_answer_questions``, ``stop_on``)."""
-
-    window: int = Field(default=5, ge=1, description="Consecutive steps a collapse condition must hold.")
-    min_reward_std: float | None = Field(
-        default=None, ge=0, description="Collapse if the reward's std over the window is below this (None: off).")
-    max_format_failure_rate: float | None = Field(
-        default=0.98, ge=0, le=1, description="Collapse if format failures stay above this for the window.")
-    min_response_length: float | None = Field(
-        default=2.0, ge=0, description="Collapse if mean response length (tokens) stays below this.")
-    min_entropy: float | None = Field(default=0.01, ge=0, description="Collapse if entropy stays below this.")
-    max_kl: float | None = Field(default=10.0, gt=0, description="Stop if KL exceeds this on any step.")
-    stop_on_nan: bool = Field(default=True, description="Stop on a NaN/inf loss, reward, KL or grad norm.")
-    warmup_steps: int = Field(default=0, ge=0, description="Steps ignored by the collapse checks.")
 
 
 class HealthVerdict(StrictModel):
@@ -260,11 +244,9 @@ def _log_mlflow(metrics: Mapping[str, float], step: int) -> None:
     from infra import tracking
 
     try:
-        import mlflow
-
-        if mlflow.active_run() is None:
+        if tracking.active_run_id() is None:
             return
-    except ImportError:
+    except ImportError:  # an engine environment without mlflow
         return
     tracking.log_metrics(metrics, step=step)
 
@@ -321,7 +303,7 @@ def check_folders(folders: Sequence[str], cfg: HealthConfig | None = None) -> li
 
 def alarms_report(results: Sequence[tuple[str, list[Alarm]]]) -> str:
     """A markdown table: one row per folder, one column per alarm (the value where it fired, else "-")."""
-    from training.agent.alarms import ALARMS
+    from training.agent.config import ALARMS
 
     lines = ["| evidence folder | " + " | ".join(ALARMS) + " |", "|---" * (len(ALARMS) + 1) + "|"]
     for folder, alarms in results:

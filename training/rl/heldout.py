@@ -79,8 +79,8 @@ def eval_config(cfg: Any, model: str) -> Any:
     rollout = RolloutConfig(temperature=0.0, best_of=1, top_k=cfg.eval_top_k(),
                             max_turns=stage.max_turns, max_total_tokens=cfg.eval.max_new_tokens)
     generator = cfg.eval.generator.model_copy(update={"model": model})
-    return AgentEvalConfig(protocol=cfg.protocol, generator=generator, retriever=retriever, rollout=rollout,
-                           limit=cfg.eval.limit, normalization=cfg.eval.normalization)
+    return AgentEvalConfig(protocol=cfg.protocol, generator=generator, retrieval=retriever, rollout=rollout,
+                           limit=cfg.eval.limit, normalization=cfg.eval_normalization())
 
 
 def heldout_questions(cfg: Any) -> list[Any]:
@@ -109,7 +109,7 @@ def heldout_rows(cfg: Any, trajectories: list[Any], tokenizer: Any, judge: bool 
     acc_l = judged_accuracy(cfg.protocol, trajectories) if judge else None
     rows = []
     for i, (t, r) in enumerate(zip(trajectories, scores, strict=True)):
-        m = answer_metrics(t.final_answer, t.golden_answers, cfg.eval.normalization)
+        m = answer_metrics(t.final_answer, t.golden_answers, cfg.eval_normalization())
         row = {**heldout_row(t, r), "f1": m["f1"], "em": m["em"], "cover_em": m["acc"], "cem": m["cem"]}
         if acc_l is not None:
             row["acc_l"] = acc_l[i]
@@ -124,19 +124,18 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     from training.agent.heldout import means
     from training.agent.records import write_trajectories
     from training.agent.rollout import run_rollouts
-    from training.generation.models import load_tokenizer
-    from training.rl.config import resolve_model
+    from training.generation.models import load_tokenizer, resolve_policy
 
     path = artifacts.join(out_uri, "heldout.jsonl")
     if artifacts.read_manifest(out_uri) is not None:
         return path
-    ecfg = eval_config(cfg, resolve_model(model))
+    ecfg = eval_config(cfg, resolve_policy(model))
     questions = heldout_questions(cfg)
     t0 = time.perf_counter()
-    trajs = run_rollouts(questions, ecfg.protocol, open_generator(ecfg.generator), open_searcher(ecfg.retriever),
+    trajs = run_rollouts(questions, ecfg.protocol, open_generator(ecfg.generator), open_searcher(ecfg.retrieval),
                          ecfg.rollout)
     seconds = time.perf_counter() - t0
-    rows = heldout_rows(cfg, trajs, load_tokenizer(resolve_model(model)))
+    rows = heldout_rows(cfg, trajs, load_tokenizer(resolve_policy(model)))
     write_trajectories(trajs, artifacts.join(out_uri, "trajectories"), protocol=cfg.protocol)
     artifacts.write_jsonl(path, rows)
     artifacts.write_manifest(out_uri, kind="rl_heldout", model=model, count=len(rows),
@@ -191,13 +190,12 @@ def write_learning_report(cfg: Any, start: str, final: str, ckpts: list[Any], da
     """The paired start-vs-final report of the recipe: evidence folder in ``out_uri`` (copied to
     ``eval.evidence_dir``), plots, MLflow artifacts under ``learning/`` of the active run, and the health alarms
     (the stages' ``alarms.json`` from training plus the held-out rows' and curve's, ``health:`` thresholds)."""
-    import mlflow
-
-    from infra.settings import REPO_ROOT
+    from infra.paths import repo_path
+    from infra.tracking import active_run_id
     from training.agent.alarms import Alarm
     from training.agent.heldout import report_learning, summary_table
 
-    run = mlflow.active_run()
+    run_id = active_run_id()
     alarm_files = [Path(c.stage_dir) / "alarms.json" for c in ckpts]
     trained = [Alarm(**a) for p in alarm_files if p.exists() for a in artifacts.read_json(str(p))]
     start_meta = artifacts.read_manifest(str(Path(artifacts.local_path(start)).parent)) or {}
@@ -206,8 +204,8 @@ def write_learning_report(cfg: Any, start: str, final: str, ckpts: list[Any], da
     summary = report_learning(
         cfg.name, start_rows, final_rows, training_ids(cfg, data), fields=heldout_fields(start_rows, final_rows),
         out_dir=artifacts.local_path(out_uri), curve=learning_curve(ckpts), x="step",
-        evidence_dir=str(REPO_ROOT / cfg.eval.evidence_dir) if cfg.eval.evidence_dir else None,
-        mlflow_run_id=run.info.run_id if run else None, alarm_config=cfg.health, alarm_window=cfg.health.window,
+        evidence_dir=str(repo_path(cfg.eval.evidence_dir)) if cfg.eval.evidence_dir else None,
+        mlflow_run_id=run_id, alarm_config=cfg.health, alarm_window=cfg.health.window,
         training_alarms=trained,
         steps=[c.steps for c in ckpts], start_model=start_meta.get("model"), final_model=ckpts[-1].uri,
         heldout_seconds={"start": start_meta.get("seconds"), "final": final_meta.get("seconds")})
@@ -215,7 +213,7 @@ def write_learning_report(cfg: Any, start: str, final: str, ckpts: list[Any], da
         for name in ("health.png", "curve.png"):
             src = Path(c.stage_dir) / name
             for target in [artifacts.local_path(out_uri)] + (
-                    [REPO_ROOT / cfg.eval.evidence_dir] if cfg.eval.evidence_dir else []):
+                    [repo_path(cfg.eval.evidence_dir)] if cfg.eval.evidence_dir else []):
                 if src.exists():
                     (Path(target) / f"{c.stage}_{name}").write_bytes(src.read_bytes())
     return LearningRef(dir=str(artifacts.local_path(out_uri)), table=summary_table(summary),
@@ -250,17 +248,16 @@ def heldout_curve_callback(cfg: Any, out_dir: str) -> Any:
             self.points: list[dict[str, float]] = []
 
         def _score(self, step: int, model: Any, tokenizer: Any) -> None:
-            import mlflow
             import torch
 
-            from infra.tracking import log_metrics
+            from infra.tracking import active_run_id, log_metrics
 
             was_training = model.training
             model.eval()
             try:
                 with torch.no_grad():
                     gen = TransformersGenerator(model, tokenizer, batch_size=64)
-                    trajs = run_rollouts(questions, ecfg.protocol, gen, open_searcher(ecfg.retriever), ecfg.rollout,
+                    trajs = run_rollouts(questions, ecfg.protocol, gen, open_searcher(ecfg.retrieval), ecfg.rollout,
                                          tokenizer)
             finally:
                 model.train(was_training)
@@ -268,7 +265,7 @@ def heldout_curve_callback(cfg: Any, out_dir: str) -> Any:
             point = {"step": float(step), **means(rows, METRICS), **answer_stats(rows)}
             self.points.append(point)
             log.info("held-out curve at step %d: %s", step, point)
-            if mlflow.active_run() is not None:
+            if active_run_id() is not None:
                 log_metrics({f"heldout_curve/{k}": v for k, v in point.items() if k != "step"}, step=step)
             artifacts.write_json(str(Path(out_dir) / "curve.json"), self.points)
             plot_learning_curves(self.points, Path(out_dir) / "curve.png", x="step",
@@ -302,9 +299,9 @@ def check_start_policy(cfg: Any, path: str) -> str | None:
     reason = (f"start policy format-ok on {rate:.0%} of {len(rows)} held-out questions, under "
               f"eval.start_min_format_ok={floor:.0%}: RL would spend its updates on format, not answers. Solve "
               f"format in warm-up (more init.warmup.sft steps or rows), or set eval.start_min_format_ok=null")
-    import mlflow
+    from infra.tracking import active_run_id
 
-    if mlflow.active_run() is not None:  # a library call without a run only logs (set_tags would start a run)
+    if active_run_id() is not None:  # a library call without a run only logs (set_tags would start a run)
         set_tags({"health.alarm.start_format": reason})
     if cfg.eval.start_gate == "stop":
         raise TrainingHealthError(f"RL not started: {reason}")

@@ -18,31 +18,20 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from evaluation.metrics import ScoreTable
 from infra import artifacts
 from infra.config import config_hash
 from infra.registry import RegisteredCheckpoint
 from infra.tracking import child_run
 from retrieval.open import open_searcher
+from training.generation.models import resolve_policy
 from training.generation.spec import open_generator
 from training.refs import CheckpointRef
-from training.rl.config import RLConfig, StageSpec, resolve_model
+from training.rl.config import RLConfig, StageSpec
 from training.rl.data import RLDataRef, train_split
 from training.rl.engines import get_engine
 
 log = logging.getLogger(__name__)
-
-
-def experiment_root(cfg: RLConfig) -> str:
-    """The experiment directory: same preset + overrides -> same directory, so a re-run resumes.
-
-    The warm-up SFT's ``timeout_s`` is left out of the key, so a re-run may raise it and still reuse the directory.
-    """
-    from infra.settings import get_settings
-
-    data = cfg.model_dump(mode="json")
-    if data["init"].get("warmup"):
-        data["init"]["warmup"]["sft"].pop("timeout_s", None)
-    return str(get_settings().runs_dir / "rl" / f"{cfg.name}-{config_hash(data)[:10]}")
 
 
 def finished_stage(out_uri: str) -> CheckpointRef | None:
@@ -90,7 +79,7 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
     if tcfg is None:
         raise ValueError(f"stage {stage.name!r} has no trl settings")
     out = artifacts.local_path(out_uri)
-    model_path = resolve_model(init_model)
+    model_path = resolve_policy(init_model)
     tok = load_tokenizer(model_path)
     protocol = load_protocol(cfg.protocol, top_k=cfg.stage_top_k(stage), max_turns=stage.max_turns,
                              template=cfg.template)
@@ -176,14 +165,13 @@ def register_checkpoint(ref: CheckpointRef, name: str) -> RegisteredCheckpoint:
     (idempotent per folder and run; portable through ``models:/<name>/<version>``), tagged with stage, engine and
     steps.
     """
-    import mlflow
-
     from infra.registry import log_checkpoint
+    from infra.tracking import active_run_id, set_tags
 
     tags = {"stage": ref.stage, "engine": ref.engine, "steps": str(ref.steps)}
     reg = log_checkpoint(ref.uri, name, tags=tags)
-    if mlflow.active_run() is not None:
-        mlflow.set_tag("registered_model", f"{name}/{reg.version}")
+    if active_run_id() is not None:
+        set_tags({"registered_model": f"{name}/{reg.version}"})
     return reg
 
 
@@ -201,7 +189,7 @@ def _policy_rollouts(cfg: RLConfig, model: str, questions: list[Any], n: int, te
     stage = cfg.stages[0]
     protocol = load_protocol(cfg.protocol, top_k=cfg.stage_top_k(stage), max_turns=stage.max_turns,
                              template=cfg.template)
-    gen = open_generator(cfg.eval.generator.model_copy(update={"model": resolve_model(model)}))
+    gen = open_generator(cfg.eval.generator.model_copy(update={"model": resolve_policy(model)}))
     rcfg = RolloutConfig(n=n, temperature=temperature, best_of=1, max_total_tokens=max_tokens, seed=0)
     return run_rollouts(questions, protocol, gen, open_searcher(cfg.retrieval), rcfg)
 
@@ -220,21 +208,14 @@ def estimate_difficulty(cfg: RLConfig, questions: list[Any], model: str) -> dict
     return out
 
 
-def evaluate_rl_checkpoint(cfg: RLConfig, model: str, out_uri: str) -> dict[str, dict[str, float]]:
-    """Evaluate ``model`` on every ``cfg.eval.benchmarks`` entry (``training.agent.evaluate.evaluate_dataset``).
-
-    Returns ``{benchmark: {metric: mean}}``; each benchmark's directory (trajectories, examples, manifest) sits
-    under ``out_uri``.
-    """
-    from training.agent.evaluate import evaluate_dataset
+def evaluate_rl_checkpoint(cfg: RLConfig, model: str, out_uri: str) -> ScoreTable:
+    """Evaluate ``model`` on every ``cfg.eval.benchmarks`` entry (``training.agent.evaluate.score_checkpoint``):
+    one row per benchmark (means with bootstrap intervals); each benchmark's directory (trajectories, examples,
+    manifest) sits under ``out_uri``."""
+    from training.agent.evaluate import score_checkpoint
     from training.rl.heldout import eval_config
 
-    ecfg = eval_config(cfg, model)
-    out = {}
-    for name in cfg.eval.benchmarks:
-        ref = evaluate_dataset(ecfg, name, artifacts.join(out_uri, Path(name).stem))
-        out[Path(name).stem] = ref.means
-    return out
+    return score_checkpoint(eval_config(cfg, model), cfg.eval.benchmarks, out_uri)
 
 
 def prepare_data(cfg: RLConfig, out_uri: str, train: list[Any] | None = None) -> RLDataRef:
@@ -298,10 +279,7 @@ def bucket_data(cfg: RLConfig, data: RLDataRef, model: str, out_uri: str) -> RLD
 
 def open_parent_run(cfg: RLConfig) -> str:
     """Create the experiment's parent MLflow run (params = the preset) and return its id."""
-    import mlflow
-
-    with child_run(None, f"rl-{cfg.name}", cfg.model_dump(mode="json")) as run:
-        mlflow.set_tag("searchloop.flow", "rl_finetune")
+    with child_run(None, f"rl-{cfg.name}", cfg.model_dump(mode="json"), tags={"searchloop.flow": "rl_finetune"}) as run:
         return run.info.run_id
 
 
@@ -319,8 +297,8 @@ def log_stage(ref: CheckpointRef) -> None:
         log_artifact(rollouts, "rollouts")
 
 
-def log_scores(scores: dict[str, dict[str, float]]) -> None:
-    """Log ``{benchmark}/{metric}`` evaluation means to the active MLflow run."""
+def log_scores(scores: ScoreTable) -> None:
+    """Log ``{benchmark}/{metric}`` evaluation means (and interval ends) to the active MLflow run."""
     from infra.tracking import log_metrics
 
-    log_metrics({f"{b}/{m}": v for b, row in scores.items() for m, v in row.items()})
+    log_metrics(scores.flat())

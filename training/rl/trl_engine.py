@@ -34,11 +34,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from infra.config import StrictModel
+from training.rl.config import TRLSearchConfig
 
 log = logging.getLogger(__name__)
 
@@ -88,48 +86,6 @@ class RolloutSeeds:
         return rollout_seed(self.base, step, call)
 
 
-class TRLSearchConfig(StrictModel):
-    """GRPO settings for the TRL engine (one machine; CPU or one GPU)."""
-
-    algorithm: Literal["grpo", "dr_grpo", "bnpo"] = Field(
-        default="grpo", description="TRL loss_type (grpo: per-sequence mean; dr_grpo: no length bias).")
-    num_generations: int = Field(default=4, ge=2, description="Rollouts per prompt (group size).")
-    prompts_per_step: int = Field(default=2, ge=1, description="Distinct prompts per optimizer step.")
-    learning_rate: float = Field(default=1e-6, gt=0, description="AdamW learning rate.")
-    beta: float = Field(default=0.001, ge=0, description="KL coefficient to the reference model (0: no ref).")
-    epsilon: float = Field(default=0.2, gt=0, description="PPO clip range.")
-    scale_rewards: Literal["group", "batch", "none"] = Field(default="group", description="Advantage scaling.")
-    max_steps: int = Field(default=10, ge=1, description="Optimizer steps.")
-    max_completion_length: int = Field(default=512, ge=8, description="Generated-token budget per trajectory.")
-    max_tokens_per_turn: int | None = Field(
-        default=128, ge=1, description="New tokens per generation step of a rollout; None = no per-step cap of "
-        "ours: the protocol's (ReSearch, like its seed: none, each step may use the whole remaining budget).")
-    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature of rollouts.")
-    save_steps: int = Field(default=5, ge=1, description="Checkpoint every N steps (resume picks the latest).")
-    save_total_limit: int = Field(default=2, ge=1, description="Checkpoints kept.")
-    logging_steps: int = Field(default=1, ge=1, description="Log every N steps.")
-    seed: int = Field(default=0, description="Trainer seed.")
-    gradient_checkpointing: bool = Field(default=False, description="Activation checkpointing.")
-    lora_rank: int | None = Field(
-        default=None, ge=1, description="Train LoRA adapters of this rank on every linear layer (None: full "
-        "fine-tune). With beta > 0 the reference is the policy with its adapters disabled (no model copy).")
-    lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator (with lora_rank).")
-    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA dropout (with lora_rank).")
-    precision: Literal["fp32", "bf16"] = Field(
-        default="fp32", description="bf16: autocast the policy's forward/backward and the rollouts to bfloat16; "
-        "only where the hardware has native bf16 (CPU flags avx512_bf16/amx_bf16, or a bf16 GPU), else an error.")
-    micro_batch_size: int | None = Field(
-        default=None, ge=1, description="Completions per forward/backward (gradient accumulation over the step's "
-        "prompts_per_step x num_generations); None = the whole step at once. Bounds training memory: 16 ReSearch "
-        "completions in one batch reached 16.5 GB RSS on CPU.")
-
-    @model_validator(mode="after")
-    def _micro_batch_divides_the_step(self) -> TRLSearchConfig:
-        step = self.prompts_per_step * self.num_generations
-        if self.micro_batch_size is not None and step % self.micro_batch_size:
-            raise ValueError(f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step x "
-                             f"num_generations = {step}")
-        return self
 
 
 def native_bf16() -> bool:

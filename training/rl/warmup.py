@@ -120,8 +120,7 @@ def fit_rollout_budget(rows: list[dict[str, Any]], tokenizer: Any, per_step: int
 
 def build_rl_warmup_data(cfg: Any, out_uri: str) -> dict[str, Any]:
     """Render the warm-up episodes with the preset's protocol; ``{"data", "n", "stats", "skipped"}`` (cached)."""
-    from training.generation.models import load_tokenizer
-    from training.rl.config import resolve_model
+    from training.generation.models import load_tokenizer, resolve_policy
     from training.warmup.renderers import build_protocol_warmup
 
     done = artifacts.read_manifest(out_uri)
@@ -129,7 +128,7 @@ def build_rl_warmup_data(cfg: Any, out_uri: str) -> dict[str, Any]:
         log.info("skipping rl warm-up data: already complete at %s", out_uri)
         return done["data"]
     w = cfg.init.warmup
-    tok = load_tokenizer(resolve_model(cfg.model))
+    tok = load_tokenizer(resolve_policy(cfg.model))
     sources, skipped = warmup_sources(cfg, w)
     rows, stats = build_protocol_warmup(cfg.protocol, sources, tok, w.max_fact_words, **protocol_kwargs(cfg))
     budget = rollout_budget(cfg)
@@ -149,7 +148,7 @@ def build_rl_warmup_data(cfg: Any, out_uri: str) -> dict[str, Any]:
 
 def train_rl_warmup(cfg: Any, out_uri: str, mlflow_run_id: str | None = None) -> WarmupRef:
     """Warm-up data (cached) + tokenized SFT (cached) from ``cfg.model``; the merged folder is the RL init."""
-    from training.rl.config import resolve_model
+    from training.generation.models import resolve_policy
     from training.sft.launcher import train_sft_tokenized
 
     data = build_rl_warmup_data(cfg, artifacts.join(out_uri, "data"))
@@ -160,7 +159,7 @@ def train_rl_warmup(cfg: Any, out_uri: str, mlflow_run_id: str | None = None) ->
                           f"(stats: {data['stats']}); check init.warmup sources")
     sft_dir = Path(artifacts.local_path(artifacts.join(out_uri, "sft")))
     # run_name: the engine renames the MLflow child run to it, so it must stay the child run's name
-    ref = train_sft_tokenized(cfg.init.warmup.sft, data["data"], resolve_model(cfg.model), sft_dir,
+    ref = train_sft_tokenized(cfg.init.warmup.sft, data["data"], resolve_policy(cfg.model), sft_dir,
                               mlflow_run_id=mlflow_run_id, run_name="warmup")
     return WarmupRef(uri=ref.uri, data=data["data"], n_rows=data["n"], n_trained=ref.n_examples,
                      stats=data["stats"], train_loss=ref.train_loss)

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from infra.config import StrictModel
-from retrieval.open import RetrieverSpec
+from retrieval.config import RetrieverSpec
 from training.refs import QuestionSource
 
 

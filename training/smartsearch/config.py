@@ -10,11 +10,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from infra.config import StrictModel
-from retrieval.open import RetrieverSpec
+from infra.config import StrictModel, config_hash
+from retrieval.config import RetrieverSpec
 from training.refs import QuestionSource
+from training.rl.config import TRLSearchConfig
 from training.rl.engines import ENGINES, EngineName
-from training.rl.trl_engine import TRLSearchConfig
 from training.rl.verl.config import VerlConfig
 from training.sft.config import SFTConfig, WarmupConfig
 
@@ -262,3 +262,11 @@ class SmartSearchConfig(StrictModel):
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Held-out evaluation.")
     register_models: bool = Field(default=True, description="Register each stage's checkpoint in MLflow.")
     verl_python: str = Field(default="python", description="Interpreter of the verl environment (GPU workers).")
+
+    def key(self) -> str:
+        """Short hash of the preset + overrides (its experiment directory, ``infra.paths.experiment_root``);
+        endpoint URLs and timeouts are left out (a restarted judge server gets a new port)."""
+        data = self.model_dump(mode="json")
+        data["endpoint"] = {k: v for k, v in data["endpoint"].items()
+                            if k not in {"base_url", "timeout_s", "startup_timeout_s"}}
+        return config_hash(data)[:10]

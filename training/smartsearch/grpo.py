@@ -58,13 +58,12 @@ def run_trl(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, ini
     """Stage 3 with TRL on this machine: refinement branches in each group, the judge in the reward."""
     from training.agent.records import write_trajectories
     from training.agent.rollout import RolloutConfig
-    from training.generation.models import load_tokenizer
-    from training.rl.config import resolve_model
+    from training.generation.models import load_tokenizer, resolve_policy
     from training.rl.trl_engine import build_trainer, last_checkpoint
     from training.smartsearch.branches import BranchStats, branch_rollout_fn, smartsearch_trl_reward
 
     t0, out = time.perf_counter(), artifacts.local_path(out_uri)
-    init_model = str(resolve_model(init_model))
+    init_model = str(resolve_policy(init_model))
     tcfg = cfg.stage3.trl
     if tcfg is None:
         raise ValueError("stage3.engine=trl needs a stage3.trl section")

@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from infra.config import config_hash
 from training.smartsearch.config import SmartSearchConfig
 from training.smartsearch.stages import StageResult
 
@@ -16,19 +15,6 @@ log = logging.getLogger(__name__)
 DATA_FILES = ("counts.json", "manifest.json", "trajectories.jsonl", "regenerations.jsonl", "verdicts.jsonl",
               "refinements.jsonl", "screen.jsonl", "scores.jsonl", "pairs.jsonl", "log_history.jsonl",
               "command.txt")
-
-
-def experiment_root(cfg: SmartSearchConfig) -> str:
-    """Same preset + overrides -> same directory, so a re-run resumes finished stages from their manifests.
-
-    Endpoint URLs and timeouts are left out of the key (a restarted judge server gets a new port).
-    """
-    from infra.settings import get_settings
-
-    data = cfg.model_dump(mode="json")
-    data["endpoint"] = {k: v for k, v in data["endpoint"].items() if k not in {"base_url", "timeout_s",
-                                                                               "startup_timeout_s"}}
-    return str(get_settings().runs_dir / "smartsearch" / f"{cfg.name}-{config_hash(data)[:10]}")
 
 
 def gold_support(cfg: SmartSearchConfig) -> Any:
@@ -64,13 +50,10 @@ def open_searcher(cfg: SmartSearchConfig) -> Any:
 
 def open_parent_run(cfg: SmartSearchConfig) -> str:
     """The curriculum's parent MLflow run (params = the preset, secrets excluded); returns its id."""
-    import mlflow
-
     from infra.tracking import child_run
 
-    with child_run(None, f"smartsearch-{cfg.name}", cfg.model_dump(mode="json", exclude={"endpoint": {"api_key_env"}})
-                   ) as run:
-        mlflow.set_tag("searchloop.flow", "smartsearch_curriculum")
+    with child_run(None, f"smartsearch-{cfg.name}", cfg.model_dump(mode="json", exclude={"endpoint": {"api_key_env"}}),
+                   tags={"searchloop.flow": "smartsearch_curriculum"}) as run:
         return run.info.run_id
 
 
@@ -92,11 +75,12 @@ def log_stage(result: StageResult) -> None:
             log_artifact(p, "data")
 
 
-def log_scores(scores: dict[str, dict[str, float]]) -> None:
-    """Held-out ``{benchmark}/{metric}`` means and interval ends to the active MLflow run."""
+def log_scores(scores: Any) -> None:
+    """Held-out ``{benchmark}/{metric}`` means and interval ends (an ``evaluation.metrics.ScoreTable``) to the
+    active MLflow run."""
     from infra.tracking import log_metrics
 
-    log_metrics({f"{b}/{m}": v for b, row in scores.items() for m, v in row.items()})
+    log_metrics(scores.flat())
 
 
 def register_stage(result: StageResult, name: str) -> Any:

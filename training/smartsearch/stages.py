@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from evaluation.metrics import ScoreTable
 from infra import artifacts
 from training.smartsearch.config import SamplingSpec, SmartSearchConfig
 from training.smartsearch.pairs import Scored, build_pairs, pair_counts, score, screen_reason
@@ -79,9 +80,9 @@ def sample(cfg: SmartSearchConfig, model: str, questions: list[Any], s: Sampling
     """Trajectories of ``model`` on ``questions`` (n per question); returns (trajectories, generator, tokenizer)."""
     from training.agent.rollout import run_rollouts
     from training.generation.hf import TransformersGenerator
-    from training.rl.config import resolve_model
+    from training.generation.models import resolve_policy
 
-    gen = TransformersGenerator.from_model(resolve_model(model))
+    gen = TransformersGenerator.from_model(resolve_policy(model))
     trajs = run_rollouts(questions, protocol_for(cfg), gen, searcher, rollout_config(s), gen.tokenizer)
     return trajs, gen, gen.tokenizer
 
@@ -141,7 +142,7 @@ def _write_records(out: Path, name: str, rows: list[Any]) -> None:
 def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
                mlflow_run_id: str | None = None) -> StageResult:
     """Stage 1 (module docstring); skipped when the directory is complete."""
-    from training.rl.config import resolve_model
+    from training.generation.models import resolve_policy
     from training.sft.launcher import train_sft_tokenized
 
     done = finished(out_uri)
@@ -153,7 +154,7 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
     if s1.policy_warmup_steps:
         from training.generation.models import load_tokenizer
 
-        tok0 = load_tokenizer(resolve_model(policy))
+        tok0 = load_tokenizer(resolve_policy(policy))
         teacher = teacher_trajectories(cfg, tok0)
         t_verdicts = judge.judge_trajectories(teacher)
         policy, warm_counts = warm_up_policy(cfg, teacher, t_verdicts, tok0, out / "warmup")
@@ -180,7 +181,7 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
     counts |= {f"kept_{src}": sum(1 for s, r in zip(scored, reasons, strict=True) if r == "kept" and s.source == src)
                for src in ("policy", "teacher")}
     counts |= {f"dropped_{k}": v for k, v in Counter(r for r in reasons if r != "kept").items()}
-    model, trained, ckpt, losses = str(resolve_model(cfg.model)), False, {}, []
+    model, trained, ckpt, losses = str(resolve_policy(cfg.model)), False, {}, []
     rows = sft_rows(kept, tok, s1.mask_retrieved)
     fits = sft_fit(rows, s1.sft.cutoff_len)
     counts |= {"sft_rows": len(rows), "sft_rows_trained": fits["kept"],
@@ -191,7 +192,7 @@ def run_stage1(cfg: SmartSearchConfig, judge: Any, searcher: Any, out_uri: str,
     if fits["kept"]:
         data = out / "sft_rows.jsonl"
         artifacts.write_jsonl(data, rows)
-        ref = train_sft_tokenized(s1.sft, data, str(resolve_model(cfg.model)), out / "sft",
+        ref = train_sft_tokenized(s1.sft, data, str(resolve_policy(cfg.model)), out / "sft",
                                   mlflow_run_id=mlflow_run_id, run_name="stage1-sft")
         model, trained, ckpt = ref.uri, True, ref.model_dump()
         counts["sft_rows_trained"] = float(ref.n_examples or fits["kept"])
@@ -214,7 +215,7 @@ def warm_up_policy(cfg: SmartSearchConfig, teacher: list[Any], verdicts: list[li
     A stand-in for the seed's strong sampling policy (a 135M base model never writes ``<search>``, so none of its
     rounds would reach the judge); the same screen and SFT settings as the stage's own SFT, fewer steps. With no
     kept teacher row the initial policy is sampled as it is (counted, logged)."""
-    from training.rl.config import resolve_model
+    from training.generation.models import resolve_policy
     from training.sft.launcher import train_sft_tokenized
 
     s1 = cfg.stage1
@@ -230,7 +231,7 @@ def warm_up_policy(cfg: SmartSearchConfig, teacher: list[Any], verdicts: list[li
     # not reported into the stage's MLflow run (the stage's own SFT reports there; a second trainer's params would
     # clash); its loss curve stays in warmup/sft/ and its counts in counts.json
     sft = s1.sft.model_copy(update={"max_steps": s1.policy_warmup_steps, "report_to_mlflow": False})
-    ref = train_sft_tokenized(sft, out / "sft_rows.jsonl", str(resolve_model(policy)), out / "sft",
+    ref = train_sft_tokenized(sft, out / "sft_rows.jsonl", str(resolve_policy(policy)), out / "sft",
                               run_name="stage1-policy-warmup")
     counts["warmup_steps"] = float(ref.steps or s1.policy_warmup_steps)
     curve = artifacts.read_jsonl(out / "sft" / "loss_curve.jsonl")
@@ -265,14 +266,14 @@ def _finish(out: Path, stage: str, model: str, trained: bool, counts: dict[str, 
 def run_stage2(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, init_model: str,
                out_uri: str) -> StageResult:
     """Stage 2 (module docstring); ``refiner`` = (EndpointClient, RefinerSpec); skipped when complete."""
-    from training.rl.config import resolve_model
+    from training.generation.models import resolve_policy
     from training.smartsearch.dpo import train_dpo
     from training.smartsearch.refine import continue_from_prefixes, refine_rounds, refined_prefix, unpack_refiner
 
     done = finished(out_uri)
     if done is not None:
         return done
-    init_model = str(resolve_model(init_model))
+    init_model = str(resolve_policy(init_model))
     t0, out = time.perf_counter(), artifacts.local_path(out_uri)
     s2 = cfg.stage2
     originals, gen, tok = sample(cfg, init_model, load_questions(s2.questions), s2.sampling, searcher)
@@ -318,29 +319,18 @@ def run_stage2(cfg: SmartSearchConfig, judge: Any, refiner: Any, searcher: Any, 
     return _finish(out, "dpo", ref.uri, True, counts, losses, t0, ref.model_dump())
 
 
-def evaluate_model(cfg: SmartSearchConfig, model: str, out_uri: str) -> dict[str, dict[str, float]]:
-    """Greedy held-out evaluation: ``{benchmark: {metric, metric_low, metric_high}}`` (bootstrap intervals)."""
-    from evaluation.metrics import bootstrap_ci
-    from training.agent.evaluate import AgentEvalConfig, GeneratorSpec, evaluate_dataset
+def evaluate_model(cfg: SmartSearchConfig, model: str, out_uri: str) -> ScoreTable:
+    """Greedy held-out evaluation: one row per benchmark, means with bootstrap intervals (``score_checkpoint``)."""
+    from training.agent.evaluate import AgentEvalConfig, GeneratorSpec, score_checkpoint
     from training.agent.rollout import RolloutConfig
 
     rollout = RolloutConfig(temperature=0.0, best_of=1, top_k=cfg.top_k, max_turns=cfg.stage3.max_turns,
                             max_total_tokens=cfg.eval.max_new_tokens,
                             max_tokens_per_turn=min(cfg.eval.max_new_tokens, 512))
-    ecfg = AgentEvalConfig(protocol="smartsearch", generator=GeneratorSpec(model=model), retriever=cfg.retrieval,
+    ecfg = AgentEvalConfig(protocol="smartsearch", generator=GeneratorSpec(model=model), retrieval=cfg.retrieval,
                            rollout=rollout, limit=cfg.eval.limit)
-    out: dict[str, dict[str, float]] = {}
-    for name in cfg.eval.benchmarks:
-        ref = evaluate_dataset(ecfg, name, artifacts.join(out_uri, Path(name).stem))
-        rows = artifacts.read_jsonl(artifacts.join(ref.uri, "examples.jsonl"))
-        row: dict[str, float] = {"n": float(len(rows))}
-        for metric in ("em", "f1", "format_ok", "searches"):
-            vals = [float(r[metric]) for r in rows if r.get(metric) is not None]
-            if vals:
-                low, high = bootstrap_ci(vals, cfg.eval.confidence)
-                row |= {metric: sum(vals) / len(vals), f"{metric}_low": low, f"{metric}_high": high}
-        out[Path(name).stem] = row
-    return out
+    return score_checkpoint(ecfg, cfg.eval.benchmarks, out_uri, cfg.eval.confidence,
+                            metrics=("em", "f1", "format_ok", "searches"))
 
 
 def scored_from_file(path: str) -> list[Scored]:

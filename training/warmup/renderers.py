@@ -6,7 +6,7 @@ protocol-independent
 of protocol P by replaying it through ``training.agent.rollout.run_rollouts`` with P's own protocol object:
 
 - :class:`ReplayGenerator` returns, step by step, the text a perfect P-agent would generate (P's tags around the
-  sub-query, the fact as reasoning, P's answer syntax: :data:`SCRIPTS`);
+  sub-query, the fact as reasoning, P's answer syntax: ``P.warmup_script``);
 - :class:`ReplaySearcher` returns the episode's documents for each search, in order;
 - the protocol builds the prompt, cuts at its stop strings, inserts the documents in its format (and appends EOS
   where the rollout does), and the engine records generated/inserted segments and the token loss mask.
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,12 +37,12 @@ from pydantic import BaseModel, Field
 from evaluation.benchmarks import Question
 from retrieval.types import Hit
 from training.generation.base import Completion, SamplingParams
-from training.protocols.base import SearchProtocol, Segment, load_protocol
+from training.protocols.base import WARMUP_OPENING, Script, SearchProtocol, Segment, load_protocol
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
-OPENING = "I need to search for this."
+OPENING = WARMUP_OPENING
 
 
 @dataclass
@@ -68,71 +68,9 @@ class ProtocolWarmupStats(BaseModel):
     first_reasons: dict[str, int] = Field(default_factory=dict, description="Validator reasons of rejections.")
 
 
-# ---- the generated text of each protocol -------------------------------------------------------------------------
-# A script item: (text, stop string that ended it or None, finish reason). ``facts[i]`` is the fact read from step
-# i's documents (reasoning before the next query / the answer); with no query, ``facts`` holds at most one item.
-Script = list[tuple[str, str | None, str]]
-
-
-def _boxed(answer: str) -> str:
-    return f"<answer> The final answer is \\[ \\boxed{{{answer}}} \\] </answer>"
-
-
-def _research(queries: list[str], facts: list[str], answer: str) -> Script:
-    out: Script = []
-    for i, q in enumerate(queries):
-        think = facts[i - 1] if i else OPENING
-        out.append((f"{' ' if i else ''}<think> {think} </think>\n<search> {q} </search>", "</search>", "stop"))
-    last = facts[-1] if facts else OPENING
-    return [*out, (f"{' ' if queries else ''}<think> {last} </think>\n{_boxed(answer)}", None, "eos")]
-
-
-def _smartsearch(queries: list[str], facts: list[str], answer: str) -> Script:
-    out: Script = []
-    for i, q in enumerate(queries):
-        head = f"<think> {facts[i - 1]} </think>" if i else f" {OPENING} </think>"
-        out.append((f"{head}\n<search> {q} </search>", "</search>", "stop"))
-    head = f"<think> {facts[-1]} </think>" if queries else f" {facts[-1] if facts else OPENING} </think>"
-    return [*out, (f"{head}\n{_boxed(answer)}", None, "eos")]
-
-
-def _searchr1(queries: list[str], facts: list[str], answer: str) -> Script:
-    out: Script = [(f"<think> {facts[i - 1] if i else OPENING} </think>\n<search> {q} </search>", "</search>", "stop")
-                   for i, q in enumerate(queries)]
-    last = facts[-1] if facts else OPENING
-    return [*out, (f"<think> {last} </think>\n<answer> {answer} </answer>", "</answer>", "stop")]
-
-
-def _r1searcher(queries: list[str], facts: list[str], answer: str) -> Script:
-    from training.protocols.r1searcher import BEGIN_QUERY, END_QUERY
-
-    out: Script = [(f"{facts[i - 1] if i else ' ' + OPENING} {BEGIN_QUERY} {q}{END_QUERY}", END_QUERY, "stop")
-                   for i, q in enumerate(queries)]
-    last = (facts[-1] if queries else " " + facts[-1]) if facts else " " + OPENING
-    return [*out, (f"{last} </think>\n\n<answer> {answer} </answer>", "</answer>", "stop")]
-
-
-def _exsearch(queries: list[str], facts: list[str], answer: str) -> Script:
-    from training.protocols.exsearch import FACT_TOKEN, FINAL_TOKEN, QUERY_TOKEN, SEARCH_TOKEN
-
-    out: Script = []
-    for i, q in enumerate(queries):
-        head = f"{FACT_TOKEN} {facts[i - 1]}\n" if i else ""
-        out.append((f"{head}{QUERY_TOKEN} {q}{SEARCH_TOKEN}", SEARCH_TOKEN, "stop"))
-    final = f"{FACT_TOKEN} {facts[-1]}\n{FINAL_TOKEN}" if facts else FINAL_TOKEN
-    return [*out, (final, None, "eos"), (answer, None, "eos")]
-
-
-SCRIPTS: dict[str, Callable[[list[str], list[str], str], Script]] = {
-    "research": _research, "smartsearch": _smartsearch, "searchr1": _searchr1, "r1searcher": _r1searcher,
-    "exsearch": _exsearch,
-}
-
-# searches a protocol executes with ``max_turns = m`` (None = unlimited)
-_SEARCH_LIMIT: dict[str, Callable[[int], int]] = {
-    "research": lambda m: m - 1, "smartsearch": lambda m: m - 1, "r1searcher": lambda m: m - 1,
-    "searchr1": lambda m: m, "exsearch": lambda m: m - 1,
-}
+# The generated text of each protocol is the protocol's own (``SearchProtocol.warmup_script``, a ``Script``: one
+# (text, stop string or None, finish reason) per generation step), and so is its search limit
+# (``SearchProtocol.search_limit``).
 
 
 class ReplayGenerator:
@@ -185,7 +123,7 @@ def fit_steps(protocol: SearchProtocol, steps: list[tuple[str, str, list[Hit]]],
     clean = [(" ".join(q.replace('"', "").split()), shorten(f, max_fact_words), h) for q, f, h in steps]
     if protocol.max_turns is None:
         return clean, False
-    limit = max(0, _SEARCH_LIMIT[protocol.name](protocol.max_turns))
+    limit = max(0, protocol.search_limit(protocol.max_turns))
     if len(clean) <= limit:
         return clean, False
     kept = clean[:limit]
@@ -204,7 +142,7 @@ def render_episode(protocol: SearchProtocol, episode: Episode, tokenizer: Any,
     queries, facts = [s[0] for s in steps], [s[1] for s in steps]
     if not steps and episode.steps:  # no search allowed: all facts go into the one reasoning step
         facts = [shorten(" ".join(f for _, f, _ in episode.steps), max_fact_words)]
-    script = SCRIPTS[protocol.name](queries, facts, episode.answer.strip())
+    script = protocol.warmup_script(queries, facts, episode.answer.strip())
     gen = ReplayGenerator(script, getattr(tokenizer, "eos_token", None), tokenizer)
     cfg = RolloutConfig(n=1, temperature=0.0, best_of=1, max_tokens_per_turn=1 << 20, max_total_tokens=1 << 20,
                         max_passes=len(script) + 1)

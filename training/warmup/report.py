@@ -19,8 +19,9 @@ import logging
 from typing import Any
 
 from infra import artifacts
+from training.protocols.registry import PROTOCOLS
 
-DEFAULT_PROTOCOLS = ["research", "searchr1", "r1searcher", "smartsearch", "exsearch"]
+DEFAULT_PROTOCOLS = list(PROTOCOLS)
 
 
 def survival_table(stats: list[dict[str, Any]]) -> str:

@@ -26,16 +26,18 @@ import yaml
 from infra import artifacts
 from infra.config import config_hash
 from infra.errors import SearchloopError
+from infra.paths import repo_path
 from infra.settings import REPO_ROOT, get_settings
+from training.generation.models import resolve_policy
 from training.refs import CheckpointRef
-from training.rl.config import RLConfig, StageSpec, resolve_model
+from training.rl.config import RLConfig, StageSpec
 from training.rl.data import RLDataRef, train_split
 from training.rl.verl.agent_loop import agent_loop_entry
 from training.rl.verl.config import VerlConfig, render_overrides, render_search_tool_config
 
 log = logging.getLogger(__name__)
 
-REWARD_MODULE = REPO_ROOT / "training" / "rewards" / "adapters.py"
+REWARD_MODULE = repo_path("training/rewards/adapters.py")
 
 
 class VerlRunError(SearchloopError):
@@ -71,7 +73,7 @@ def build_command(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model: 
     artifacts.write_text(str(loop_path), yaml.safe_dump([entry]))
     val = data.split_uri("val") if "val" in data.splits else data.split_uri("train")
     overrides = render_overrides(
-        vcfg, model_path=resolve_model(init_model), train_files=data.split_uri(train_split(stage, data)),
+        vcfg, model_path=resolve_policy(init_model), train_files=data.split_uri(train_split(stage, data)),
         val_files=val,
         tool_config_path=str(tool_path), agent_loop_config_path=str(loop_path), reward_path=str(REWARD_MODULE),
         reward_name=f"compute_score_{stage.reward}",
