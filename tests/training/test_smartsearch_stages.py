@@ -89,7 +89,7 @@ def test_stage1_policy_rounds_reach_the_judge_after_the_warmup(tmp_path, monkeyp
     policy that searches once it is that checkpoint) and its rounds are judged; the stage's own SFT still starts
     from the initial model and trains on the kept rows of both sources."""
     from training.agent.rollout import run_rollouts
-    from training.rl.config import resolve_model
+    from training.generation.models import resolve_policy as resolve_model
     from training.sft import launcher
     from training.smartsearch import stages
     from training.smartsearch.judge import GoldSupport, RuleJudge
