@@ -12,10 +12,36 @@ import sys
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from infra.errors import SearchloopError
 
+
+def hide_flag_types(command: typer.core.TyperCommand | TyperGroup) -> None:
+    """Show no value type after a flag in help (``--dry-run``, ``--help``), in ``command`` and every subcommand.
+
+    typer 0.29 prints ``<bool>`` after every option with no metavar, flags included, though a flag takes no value
+    (``--help <bool>`` reads as if it wanted one). An empty metavar is typer's own way to print no type; the help
+    option is built lazily, so it is built here first (it is cached on the command).
+    """
+    help_option = command.get_help_option(command.context_class(command))
+    for param in [*command.params, *([help_option] if help_option else [])]:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        hide_flag_types(sub)
+
+
+class _RootGroup(TyperGroup):
+    """The root command group: hides flag value types in every help page before parsing (see hide_flag_types)."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: object = None, **extra: object) -> object:
+        hide_flag_types(self)
+        return super().make_context(info_name, args, parent, **extra)  # type: ignore[arg-type]
+
+
 app = typer.Typer(
+    cls=_RootGroup,
     name="searchloop",
     help="Train and evaluate LLM search agents (retrieval service, rollouts, EM loop, RL) as Prefect flows.",
     no_args_is_help=True,
@@ -48,8 +74,8 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, metavar="",
-                                      help="Print the searchloop version and exit."),  # a flag: no <bool>
+    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the searchloop version and exit."),
 ) -> None:
     """Train and evaluate LLM search agents (retrieval service, rollouts, EM loop, RL) as Prefect flows."""
 

@@ -222,3 +222,23 @@ def test_models_uri_checked_when_the_config_loads_and_readme_example_is_what_the
         resolve("evaluate", "eval_demo", ["agent.generator.model=models:/exsearch-em@champion"])
     with pytest.raises(ConfigError, match=r"no alias 'best' .*its aliases: @champion \(v1\)"):
         resolve("evaluate", "eval_demo", [f"agent.generator.model=models:/{demo_name}@best"])
+
+
+def test_no_help_page_shows_a_value_type_after_a_flag() -> None:
+    """typer 0.29 prints ``<bool>`` after flags (``--help <bool>``); every help page of every command shows none,
+    while options that take a value keep their type."""
+    import typer
+
+    def pages(command, path):
+        yield path
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from pages(sub, [*path, name])
+
+    paths = list(pages(typer.main.get_command(app), []))
+    assert ["deploy", "run"] in paths and ["up"] in paths
+    for path in paths:
+        out = CliRunner().invoke(app, [*path, "--help"], terminal_width=100)
+        assert out.exit_code == 0, path
+        assert "<bool>" not in out.output, (path, [ln for ln in out.output.splitlines() if "<bool>" in ln])
+    out = CliRunner().invoke(app, ["up", "--help"], terminal_width=100)
+    assert "<int>" in out.output and "--no-deploy" in out.output  # value types stay; the flags are listed
