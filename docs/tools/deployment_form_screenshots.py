@@ -5,7 +5,7 @@ Drives the real UI of a running stack (``searchloop up``) with headless Chromium
 waits for the run to finish and shows its Parameters tab. Playwright is not a searchloop dependency: run this from its
 own virtualenv with the system Chromium (``apt-get install chromium``; ``pip install playwright==1.49.1``):
 
-    /tmp/pw-venv/bin/python docs/tools/deployment_form_screenshots.py --ui http://127.0.0.1:4200 --out docs
+    <playwright venv>/bin/python docs/tools/deployment_form_screenshots.py --ui http://127.0.0.1:4200 --out docs
 """
 
 from __future__ import annotations

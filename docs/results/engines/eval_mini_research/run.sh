@@ -1,9 +1,10 @@
 #!/bin/bash
 # issue 13: eval_mini (research protocol, 4 minis x 50 = 200 questions) through three engines, one after another
-cd /work/main
-export SEARCHLOOP_SHARED_DATA_DIR=/work/shared/data SEARCHLOOP_HOME=/work/runs/engines/home
-export SEARCHLOOP_MODEL_CACHE=/work/main/.searchloop/models
-O=/work/runs/engines
+# run from anywhere: paths are relative to the repository root (shared data and outputs sit next to the clone)
+cd "$(dirname "$0")/../../../.."
+export SEARCHLOOP_SHARED_DATA_DIR=../shared/data SEARCHLOOP_HOME=${SEARCHLOOP_HOME:-../runs/engines/home}
+export SEARCHLOOP_MODEL_CACHE=${SEARCHLOOP_MODEL_CACHE:-.searchloop/models}
+O=${O:-../runs/engines}
 run() { name=$1; shift; s=$(date +%s.%N); .venv/bin/searchloop eval --preset eval_mini 'protocols=[research]' run_name=eval-mini-$name out_dir=$O/$name "$@" > $O/$name.log 2>&1; rc=$?; e=$(date +%s.%N); echo "$name rc=$rc wall_s=$(echo "$e - $s" | bc)" >> $O/times.txt; }
 # run transformers  (done: see times.txt)
 run vllm agent.generator.backend=vllm

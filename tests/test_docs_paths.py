@@ -1,0 +1,55 @@
+"""Committed docs name no absolute path of the machine a run happened on (``/work/...``, ``/tmp/...``).
+
+Commands in docs are written from the repository root (repo-relative paths, ``../shared/data`` for the shared data
+folder, ``<home>`` for a data home), so they work in any clone. Recorded machine output (``*.json``, ``*.log``
+under ``docs/results``) is data, not instructions, and is not checked.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOC_SUFFIXES = {".md", ".yaml", ".yml", ".sh", ".txt"}
+SKIP_DIRS = {".git", ".venv", ".searchloop", "node_modules", "__pycache__", ".pytest_cache", ".ruff_cache"}
+ABSOLUTE = re.compile(r"(?<![\w.~<>/:-])/(?:work|tmp)/[^\s`'\"()\[\],;]*")
+# (file, exact text) pairs allowed to keep an absolute path; each says why
+ALLOWED: set[tuple[str, str]] = set()
+
+
+def doc_files(root: Path = REPO) -> list[Path]:
+    """Every committed doc: markdown, YAML presets and configs, shell scripts and text files outside data files."""
+    out = []
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if any(part in SKIP_DIRS for part in rel.parts) or not path.is_file() or path.suffix not in DOC_SUFFIXES:
+            continue
+        if rel.parts[0] == "requirements" or (rel.parts[0] == "data" and path.suffix != ".md"):
+            continue  # lock files and shipped data, not prose
+        out.append(path)
+    return sorted(out)
+
+
+def absolute_paths(text: str) -> list[str]:
+    """The absolute ``/work/...`` or ``/tmp/...`` paths in ``text``."""
+    return ABSOLUTE.findall(text)
+
+
+def test_the_pattern_finds_machine_paths_and_not_repo_relative_ones() -> None:
+    assert absolute_paths("cd /work/main && SEARCHLOOP_HOME=/tmp/sl-home x") == ["/work/main", "/tmp/sl-home"]
+    assert absolute_paths("SEARCHLOOP_SHARED_DATA_DIR=/work/shared/data") == ["/work/shared/data"]
+    assert absolute_paths("`(/tmp/x.log)` and \"/work/shared/data\"") == ["/tmp/x.log", "/work/shared/data"]
+    assert absolute_paths("../shared/data, docs/work/x, <home>/tmp/y, s3://b/work/z, ~/tmp/k") == []
+
+
+def test_no_committed_doc_names_an_absolute_machine_path() -> None:
+    files = doc_files()
+    assert REPO / "README.md" in files and REPO / "docs" / "ops.md" in files
+    found = []
+    for path in files:
+        rel = str(path.relative_to(REPO))
+        for no, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            found += [f"{rel}:{no}: {hit}" for hit in absolute_paths(line) if (rel, hit) not in ALLOWED]
+    assert not found, ("absolute machine paths in docs (write repo-relative paths, ../shared/data or <home>):\n"
+                       + "\n".join(found))
