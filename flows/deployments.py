@@ -183,13 +183,32 @@ def register(
     return str(deployment.apply())
 
 
-def register_all(schedules: dict[str, float | str] | None = None,
-                 pools: dict[str, str] | None = None) -> dict[str, str]:
+def scheduled_parameters(flow_name: str, overrides: list[str]) -> dict[str, Any]:
+    """Default parameters of ``<flow>/scheduled`` with ``key.sub=value`` overrides, checked here as ``deploy run``
+    checks them (e.g. ``config.corpus=my.jsonl`` for ``retrain``: the scheduled run watches that corpus).
+
+    Raises:
+        ConfigError: an unknown flow, key or preset, a bad value, or a secret (parameters are stored in the server).
+    """
+    found = discover_flows()
+    if flow_name not in found:
+        from infra.lazy import unknown_name
+
+        raise ConfigError(unknown_name("flow", flow_name, sorted(found)))
+    params = run_parameters(flow_name, None, overrides, default_parameters(found[flow_name][0]))
+    refuse_secret_parameters(params)
+    return params
+
+
+def register_all(schedules: dict[str, float | str] | None = None, pools: dict[str, str] | None = None,
+                 parameters: dict[str, dict[str, Any]] | None = None) -> dict[str, str]:
     """Register ``<flow>/default`` for every flow, plus ``<flow>/scheduled`` for flows in ``schedules``.
 
     Args:
         schedules: flow name -> interval seconds (number) or cron string.
         pools: flow name -> work pool, overriding the module's ``WORK_POOL``.
+        parameters: flow name -> parameters of its scheduled deployment (default: ``default_parameters``; build
+            them with :func:`scheduled_parameters`).
 
     Returns:
         ``"flow/deployment"`` -> deployment id.
@@ -207,7 +226,8 @@ def register_all(schedules: dict[str, float | str] | None = None,
         sched = (schedules or {}).get(flow_name)
         if sched is not None:
             kw = {"cron": sched} if isinstance(sched, str) else {"interval": float(sched)}
-            out[f"{flow_name}/scheduled"] = register(flow, pool, name="scheduled", concurrency_limit=1, **kw)
+            out[f"{flow_name}/scheduled"] = register(flow, pool, name="scheduled", concurrency_limit=1,
+                                                     parameters=(parameters or {}).get(flow_name), **kw)
     return out
 
 

@@ -89,11 +89,18 @@ def _server_errors():
                               f"{' '.join(str(detail).split())[:400]}") from exc
 
 
-def _register(schedules: dict[str, float | str]) -> dict[str, str]:
+def _register(schedules: dict[str, float | str], overrides: list[str] | None = None) -> dict[str, str]:
     from flows import deployments
 
+    params = {}
+    if overrides:  # checked before any server is contacted
+        if len(schedules) != 1:
+            raise ConfigError(f"key=value settings {overrides} are for one scheduled deployment: give exactly one "
+                              "--schedule with them (e.g. --schedule retrain=3600 config.corpus=my.jsonl)")
+        flow_name = next(iter(schedules))
+        params = {flow_name: deployments.scheduled_parameters(flow_name, overrides)}
     with _prefect_api(_api_url()):
-        return deployments.register_all(schedules=schedules)
+        return deployments.register_all(schedules=schedules, parameters=params)
 
 
 def register(app: typer.Typer) -> None:
@@ -173,10 +180,13 @@ def register(app: typer.Typer) -> None:
 
     @deploy.command("register")
     def deploy_register(
+        overrides: list[str] | None = typer.Argument(
+            None, show_default=False, help="key.sub=value parameters of the one scheduled deployment, merged into "
+            "its defaults and checked here, e.g. config.corpus=my.jsonl (retrain watches that corpus)."),
         schedule: list[str] = typer.Option([], help="flow=SECONDS or flow=CRON: also a scheduled deployment."),
     ) -> None:
-        """Register (create or update) a deployment for every flow in flows/."""
-        for key, dep_id in _register(_parse_schedules(schedule)).items():
+        """Register (create or update) a deployment for every flow in flows/, plus FLOW/scheduled per --schedule."""
+        for key, dep_id in _register(_parse_schedules(schedule), list(overrides or [])).items():
             console.print(f"deployment {key} ({dep_id})")
 
     @deploy.command("pool")

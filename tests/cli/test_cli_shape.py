@@ -242,3 +242,33 @@ def test_no_help_page_shows_a_value_type_after_a_flag() -> None:
         assert "<bool>" not in out.output, (path, [ln for ln in out.output.splitlines() if "<bool>" in ln])
     out = CliRunner().invoke(app, ["up", "--help"], terminal_width=100)
     assert "<int>" in out.output and "--no-deploy" in out.output  # value types stay; the flags are listed
+
+
+def test_deploy_register_sets_the_scheduled_deployments_parameters(monkeypatch) -> None:
+    """``deploy register --schedule retrain=CRON config.corpus=...``: the scheduled retrain watches that corpus with
+    every other default kept; bad keys and settings without exactly one schedule are refused before any server."""
+    from flows import deployments
+    from infra.errors import ConfigError
+
+    calls = []
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    monkeypatch.setattr(deployments, "ensure_pools", lambda pools: [])
+    monkeypatch.setattr(deployments, "register", lambda flow, pool="cpu", name="default", **kw:
+                        calls.append((flow.name, name, kw)) or f"id-{flow.name}-{name}")
+    out = CliRunner().invoke(app, ["deploy", "register", "--schedule", "retrain=*/5 * * * *",
+                                   "config.corpus=corpus/new.jsonl", "config.name=nightly"], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    assert "deployment retrain/scheduled (id-retrain-scheduled)" in out.output
+    (kw,) = [kw for flow, name, kw in calls if (flow, name) == ("retrain", "scheduled")]
+    assert kw["cron"] == "*/5 * * * *"
+    config = kw["parameters"]["config"]
+    assert config["corpus"] == "corpus/new.jsonl" and config["name"] == "nightly"
+    assert config["trainer"] == "rl-finetune" and config["preset"] == "searchr1_learn_demo"  # defaults kept
+    assert all(kw.get("parameters") is None for flow, name, kw in calls if name == "default")
+
+    calls.clear()
+    out = CliRunner().invoke(app, ["deploy", "register", "--schedule", "retrain=60", "config.corpsu=x.jsonl"])
+    assert isinstance(out.exception, ConfigError) and "did you mean 'corpus'" in str(out.exception) and not calls
+    out = CliRunner().invoke(app, ["deploy", "register", "--schedule", "retrain=60", "--schedule", "evaluate=60",
+                                   "config.name=x"])
+    assert isinstance(out.exception, ConfigError) and "exactly one" in str(out.exception) and not calls
