@@ -81,7 +81,10 @@ def embedded_environment(settings: Settings | None = None) -> dict[str, str]:
         # data home and every concurrent temporary server, rewritten (and read half-written: a warning) on each run
         "PREFECT_SERVER_MEMO_STORE_PATH": str(s.home / "prefect" / "memo_store.toml"),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # the (ephemeral) server's telemetry
+        # the client's: without it, the first `import prefect` of a data home in a terminal prints Prefect's
+        # "collects anonymous usage data" notice (prefect._internal.analytics; DO_NOT_TRACK is the client opt-out)
+        "DO_NOT_TRACK": "1",
         "PREFECT_LOGGING_LEVEL": "INFO",
         "MLFLOW_TRACKING_URI": s.tracking_uri,
         "HF_HUB_OFFLINE": "1",

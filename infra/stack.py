@@ -134,6 +134,7 @@ def worker_env(cfg: StackConfig) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        "DO_NOT_TRACK": "1",  # Prefect's client telemetry (the servers' is PREFECT_SERVER_ANALYTICS_ENABLED=false)
         **cfg.extra_env,
     }
 
