@@ -85,14 +85,13 @@ _register_commands()
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (sets the embedded defaults before any engine is imported)."""
+    from flows.commands import _quiet
     from infra import progress
     from infra.memory import fix_mmap_threshold
     from infra.settings import apply_embedded_environment
 
     apply_embedded_environment()
-    import logging
-
-    logging.getLogger("bm25s").setLevel(logging.WARNING)  # its DEBUG lines reach the console through Prefect's root
+    _quiet.install()  # library notices a user cannot act on (the named list in flows/commands/_quiet.py)
     fix_mmap_threshold()  # long training runs otherwise grow glibc's heap without bound (infra/memory.py)
     progress.register_sink(progress.TerminalSink(), min_interval_s=0.5)
     try:
