@@ -136,12 +136,27 @@ def _rl_retrain(cfg: RetrainConfig, trainer: Any, overrides: list[str], preset: 
     field = cfg.promote_on
     version = result.registered.version
     against = f"champion v{champion.version}" if champion is not None else "the preset's start model"
+    interval = _paired_interval(result.learning, field)
     if result.learning.improved.get(field, False):
         tracking.set_alias(result.registered.name, "champion", version)
         return (f"rl-finetune: {result.registered.name} v{version} promoted to @champion: held-out {field} paired "
-                f"interval vs {against} is above 0 ({result.learning.n} questions)")
+                f"interval vs {against}{interval} is above 0 ({result.learning.n} questions)")
     return (f"rl-finetune: {result.registered.name} v{version} registered, not promoted: held-out {field} paired "
-            f"interval vs {against} includes 0 or is below ({result.learning.n} questions); @champion unchanged")
+            f"interval vs {against}{interval} includes 0 or is below ({result.learning.n} questions); "
+            "@champion unchanged")
+
+
+def _paired_interval(learning: Any, field: str) -> str:
+    """`` (new - old +0.0500, 95% CI [-0.0042, +0.1292])`` from the comparison's ``summary.json``; "" when absent."""
+    path = artifacts.join(str(getattr(learning, "dir", "") or ""), "summary.json")
+    if not getattr(learning, "dir", None) or not artifacts.exists(path):
+        return ""
+    summary = artifacts.read_json(path)
+    d = summary.get("paired", {}).get(field)
+    if not d:
+        return ""
+    level = round(100 * float(summary.get("confidence", 0.95)))
+    return f" (new - old {d['diff']:+.4f}, {level}% CI [{d['low']:+.4f}, {d['high']:+.4f}])"
 
 
 def _incumbent(cfg: RetrainConfig, previous_index: str | None) -> RecallReport | None:
@@ -191,7 +206,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> RetrainResult:  # noqa: 
         record=record,
     )
     status = "promoted" if decision.promote else "rejected"
-    msg = f"{status}: {decision.reason}; {model_note}; MLflow run {run_id}"
+    msg = f"index {status}: {decision.reason}; model: {model_note}; MLflow run {run_id}"
     ops.record_decision(f"retrain-{config.name}".lower().replace("_", "-"), _markdown(record, msg))
     ops.commit_state(state_dir, check, config.corpus, index_dir, {"champion_index": champion, "mlflow_run_id": run_id})
     log.info(msg)

@@ -71,3 +71,22 @@ def test_promote_on_is_checked_when_the_config_loads() -> None:
 
     with pytest.raises(ConfigError, match="promote_on"):
         build_config(RetrainConfig, {"promote_on": "rewrd"})
+
+
+def test_the_note_carries_the_paired_interval_it_decided_on(monkeypatch, registry, tmp_path) -> None:
+    """The record says why: the difference and its interval from the comparison's summary.json."""
+    import json
+
+    (tmp_path / "summary.json").write_text(json.dumps({"confidence": 0.95, "paired": {
+        "reward": {"diff": 0.05, "low": -0.0042, "high": 0.1292}, "f1": {"diff": 0.0, "low": 0.0, "high": 0.0}}}))
+    trainer = FakeTrainer(improved=False, version="1")
+    real_call = trainer.__call__
+
+    def with_dir(overrides: list[str], preset: str | None = None) -> SimpleNamespace:
+        out = real_call(overrides, preset)
+        out.learning.dir = str(tmp_path)
+        return out
+
+    monkeypatch.setattr(rt, "load_object", lambda ref: with_dir)
+    note = rt._model_hook(RetrainConfig(corpus="data/corpus/mini.jsonl"))
+    assert "not promoted" in note and "(new - old +0.0500, 95% CI [-0.0042, +0.1292])" in note
