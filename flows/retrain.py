@@ -137,13 +137,14 @@ def _rl_retrain(cfg: RetrainConfig, trainer: Any, overrides: list[str], preset: 
     version = result.registered.version
     against = f"champion v{champion.version}" if champion is not None else "the preset's start model"
     interval = _paired_interval(result.learning, field)
+    trained = f"; training MLflow run {result.run_id}" if getattr(result, "run_id", None) else ""
     if result.learning.improved.get(field, False):
         tracking.set_alias(result.registered.name, "champion", version)
         return (f"rl-finetune: {result.registered.name} v{version} promoted to @champion: held-out {field} paired "
-                f"interval vs {against}{interval} is above 0 ({result.learning.n} questions)")
+                f"interval vs {against}{interval} is above 0 ({result.learning.n} questions){trained}")
     return (f"rl-finetune: {result.registered.name} v{version} registered, not promoted: held-out {field} paired "
             f"interval vs {against}{interval} includes 0 or is below ({result.learning.n} questions); "
-            "@champion unchanged")
+            f"@champion unchanged{trained}")
 
 
 def _paired_interval(learning: Any, field: str) -> str:

@@ -73,7 +73,7 @@ def test_promote_on_is_checked_when_the_config_loads() -> None:
         build_config(RetrainConfig, {"promote_on": "rewrd"})
 
 
-def test_the_note_carries_the_paired_interval_it_decided_on(monkeypatch, registry, tmp_path) -> None:
+def test_the_note_carries_the_paired_interval_and_the_training_run(monkeypatch, registry, tmp_path) -> None:
     """The record says why: the difference and its interval from the comparison's summary.json."""
     import json
 
@@ -84,9 +84,10 @@ def test_the_note_carries_the_paired_interval_it_decided_on(monkeypatch, registr
 
     def with_dir(overrides: list[str], preset: str | None = None) -> SimpleNamespace:
         out = real_call(overrides, preset)
-        out.learning.dir = str(tmp_path)
+        out.learning.dir, out.run_id = str(tmp_path), "abc123"
         return out
 
     monkeypatch.setattr(rt, "load_object", lambda ref: with_dir)
     note = rt._model_hook(RetrainConfig(corpus="data/corpus/mini.jsonl"))
     assert "not promoted" in note and "(new - old +0.0500, 95% CI [-0.0042, +0.1292])" in note
+    assert note.endswith("training MLflow run abc123")  # the retrain record links the trainer's run tree
