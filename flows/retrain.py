@@ -129,8 +129,17 @@ def _rl_retrain(cfg: RetrainConfig, trainer: Any, overrides: list[str], preset: 
     rl_cfg = resolve("rl-finetune", cfg.preset, overrides)
     name = f"searchloop-{rl_cfg.name}"  # type: ignore[attr-defined]  # where rl-finetune registers its policy
     champion = tracking.get_alias(name, "champion")
-    start = [f"model=models:/{name}@champion", "init.warmup=null"] if champion is not None else []
-    result = trainer(overrides=[*overrides, *start, "eval.compare_start=true", "register_model=true"], **preset)
+    # the champion's version, not the alias: the trainer's run directory is keyed by its config, so "@champion"
+    # would resume the previous run after the alias moved
+    start = [f"model=models:/{name}/{champion.version}", "init.warmup=null"] if champion is not None else []
+    run_overrides = [*overrides, *start, "eval.compare_start=true", "register_model=true"]
+    root = _trainer_root(cfg.preset, run_overrides)
+    if _finished(rl_cfg, root):
+        return (f"rl-finetune: nothing new to train: the same preset, start model "
+                f"({f'v{champion.version}' if champion is not None else 'the preset model'}) and questions were "
+                f"trained and compared in {root} already, so no version is registered again; give new questions "
+                "(trainer_overrides: data.train=[...]) for a new run")
+    result = trainer(overrides=run_overrides, **preset)
     if result.registered is None or result.learning is None:
         return "rl-finetune ran but registered no version or held-out comparison: champion unchanged"
     field = cfg.promote_on
@@ -145,6 +154,21 @@ def _rl_retrain(cfg: RetrainConfig, trainer: Any, overrides: list[str], preset: 
     return (f"rl-finetune: {result.registered.name} v{version} registered, not promoted: held-out {field} paired "
             f"interval vs {against}{interval} includes 0 or is below ({result.learning.n} questions); "
             f"@champion unchanged{trained}")
+
+
+def _trainer_root(preset: str | None, overrides: list[str]) -> str:
+    """The run directory rl-finetune will use for these overrides (same inputs -> same directory, resumed)."""
+    from flows.specs import resolve
+    from training.rl.stages import experiment_root
+
+    return experiment_root(resolve("rl-finetune", preset, overrides))  # type: ignore[arg-type]
+
+
+def _finished(rl_cfg: Any, root: str) -> bool:
+    """True when ``root`` holds a finished last stage and its held-out comparison (a rerun would only re-register)."""
+    last = artifacts.join(root, rl_cfg.stages[-1].name)
+    return artifacts.read_manifest(last) is not None and artifacts.exists(artifacts.join(root, "evidence",
+                                                                                            "summary.json"))
 
 
 def _paired_interval(learning: Any, field: str) -> str:

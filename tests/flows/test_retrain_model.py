@@ -25,6 +25,13 @@ class FakeTrainer:
             learning=SimpleNamespace(improved={"reward": self.improved, "f1": False}, n=24))
 
 
+@pytest.fixture(autouse=True)
+def fresh_run_dirs(monkeypatch, tmp_path):
+    """Each trainer call gets a run directory of its own (the real one is keyed by the trainer's config)."""
+    roots = iter(range(1000))
+    monkeypatch.setattr(rt, "_trainer_root", lambda preset, overrides: str(tmp_path / f"run{next(roots)}"))
+
+
 @pytest.fixture
 def registry(monkeypatch):
     aliases: dict[tuple[str, str], str] = {}
@@ -55,7 +62,7 @@ def test_promotes_only_when_the_paired_interval_says_better(monkeypatch, registr
     monkeypatch.setattr(rt, "load_object", lambda ref: second)
     note = rt._model_hook(cfg)
     overrides = second.calls[0]["overrides"]
-    assert "model=models:/searchloop-searchr1_learn_demo@champion" in overrides and "init.warmup=null" in overrides
+    assert "model=models:/searchloop-searchr1_learn_demo/1" in overrides and "init.warmup=null" in overrides
     assert "v2 registered, not promoted" in note and "vs champion v1" in note
     assert registry[("searchloop-searchr1_learn_demo", "champion")] == "1"  # refused: the champion stays
 
@@ -91,3 +98,39 @@ def test_the_note_carries_the_paired_interval_and_the_training_run(monkeypatch, 
     note = rt._model_hook(RetrainConfig(corpus="data/corpus/mini.jsonl"))
     assert "not promoted" in note and "(new - old +0.0500, 95% CI [-0.0042, +0.1292])" in note
     assert note.endswith("training MLflow run abc123")  # the retrain record links the trainer's run tree
+
+
+def test_a_finished_run_with_the_same_inputs_is_not_registered_again(monkeypatch, registry, tmp_path) -> None:
+    """The second scheduled run of a day found the first one's run directory (same preset, start model and
+    questions): rl-finetune resumed it and registered the same checkpoint as v2. Now it says so and trains nothing;
+    the start model is the champion's version, so a moved champion gets a run directory of its own."""
+    import json
+
+    root = tmp_path / "same"
+    (root / "grpo").mkdir(parents=True)
+    (root / "grpo" / "manifest.json").write_text(json.dumps({"kind": "checkpoint"}))
+    (root / "evidence").mkdir()
+    (root / "evidence" / "summary.json").write_text("{}")
+    seen = []
+    monkeypatch.setattr(rt, "_trainer_root", lambda preset, overrides: seen.append(overrides) or str(root))
+    trainer = FakeTrainer(improved=True, version="2")
+    monkeypatch.setattr(rt, "load_object", lambda ref: trainer)
+    note = rt._model_hook(RetrainConfig(corpus="data/corpus/mini.jsonl"))
+    assert "nothing new to train" in note and str(root) in note and not trainer.calls
+    assert ("searchloop-searchr1_learn_demo", "champion") not in registry
+
+    registry[("searchloop-searchr1_learn_demo", "champion")] = "4"
+    (root / "evidence" / "summary.json").unlink()  # not compared yet: the run is resumed and finished
+    rt._model_hook(RetrainConfig(corpus="data/corpus/mini.jsonl"))
+    assert "model=models:/searchloop-searchr1_learn_demo/4" in seen[-1] and len(trainer.calls) == 1
+
+
+def test_the_trainer_root_follows_the_start_version() -> None:
+    """The real run directory differs between two champion versions (the alias string would not)."""
+    from flows.specs import resolve
+    from training.rl.stages import experiment_root
+
+    def root(model: str) -> str:
+        return experiment_root(resolve("rl-finetune", "searchr1_learn_demo", [f"model={model}", "init.warmup=null"]))
+
+    assert root("smollm2") == root("smollm2") and root("smollm2") != root("smollm2-135m-instruct")
