@@ -100,10 +100,11 @@ def _state_dir(cfg: RetrainConfig) -> str:
 def _model_hook(cfg: RetrainConfig) -> str:
     """Run the trainer flow as a subflow; return a one-line note for the record.
 
-    ``rl-finetune``: train from the registered ``@champion`` (the preset's model while there is none, warm-up SFT
+    ``rl-finetune``: train from the ``@champion`` version (the preset's model while there is none, warm-up SFT
     then included), compare the trained policy with the one it started from on the preset's held-out questions
     (paired bootstrap), and move ``@champion`` to the new version only when the paired interval of
-    ``promote_on`` lies above 0. ``em-loop`` owns its champion gate.
+    ``promote_on`` lies above 0. Trainer inputs that a finished run already covered are not trained or registered
+    again. ``em-loop`` owns its champion gate.
     """
     if cfg.trainer == "none":
         return "model retraining skipped (trainer=none)"
