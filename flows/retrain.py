@@ -160,9 +160,10 @@ def _rl_retrain(cfg: RetrainConfig, trainer: Any, overrides: list[str], preset: 
 def _trainer_root(preset: str | None, overrides: list[str]) -> str:
     """The run directory rl-finetune will use for these overrides (same inputs -> same directory, resumed)."""
     from flows.specs import resolve
-    from training.rl.stages import experiment_root
+    from infra.paths import experiment_root
 
-    return experiment_root(resolve("rl-finetune", preset, overrides))  # type: ignore[arg-type]
+    cfg = resolve("rl-finetune", preset, overrides)
+    return str(experiment_root("rl", cfg.name, cfg.key()))  # type: ignore[attr-defined]  # as rl_finetune does
 
 
 def _finished(rl_cfg: Any, root: str) -> bool:

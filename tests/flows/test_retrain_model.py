@@ -10,6 +10,7 @@ import pytest
 
 from flows import retrain as rt
 from flows.retrain import RetrainConfig
+from flows.retrain import _trainer_root as real_trainer_root  # the autouse fixture below replaces rt's
 
 
 class FakeTrainer:
@@ -125,12 +126,13 @@ def test_a_finished_run_with_the_same_inputs_is_not_registered_again(monkeypatch
     assert "model=models:/searchloop-searchr1_learn_demo/4" in seen[-1] and len(trainer.calls) == 1
 
 
-def test_the_trainer_root_follows_the_start_version() -> None:
-    """The real run directory differs between two champion versions (the alias string would not)."""
+def test_the_trainer_root_is_rl_finetunes_run_dir_and_follows_the_start_version() -> None:
+    """The directory checked is the one rl-finetune uses, and two champion versions get two directories."""
     from flows.specs import resolve
-    from training.rl.stages import experiment_root
+    from infra.paths import experiment_root
 
-    def root(model: str) -> str:
-        return experiment_root(resolve("rl-finetune", "searchr1_learn_demo", [f"model={model}", "init.warmup=null"]))
-
-    assert root("smollm2") == root("smollm2") and root("smollm2") != root("smollm2-135m-instruct")
+    overrides = ["model=smollm2", "init.warmup=null", "eval.compare_start=true"]
+    cfg = resolve("rl-finetune", "searchr1_learn_demo", overrides)
+    assert real_trainer_root("searchr1_learn_demo", overrides) == str(experiment_root("rl", cfg.name, cfg.key()))
+    other = ["model=smollm2-135m-instruct", *overrides[1:]]
+    assert real_trainer_root("searchr1_learn_demo", other) != real_trainer_root("searchr1_learn_demo", overrides)
