@@ -229,3 +229,18 @@ def ensure_started(spec: ServiceSpec, run_dir: str | os.PathLike[str], timeout: 
     if spec.health_url:
         wait_healthy(spec.health_url, timeout, info)
     return info
+
+
+def exit_on_sigterm(code: int = 143) -> None:
+    """Turn SIGTERM into ``SystemExit(code)`` in the main thread, so ``finally`` blocks, context managers and
+    ``atexit`` handlers run: a CLI stopped by ``kill`` then stops the services it started (Prefect's temporary
+    API server, a retriever or generator subprocess) instead of orphaning them, as the default handler did."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise SystemExit(code)
+
+    signal.signal(signal.SIGTERM, _raise)
