@@ -20,7 +20,7 @@ recorded through the protocol's own ``on_completion`` / ``on_results``, so promp
 byte-identical to a rollout. It is not counted in the generation budget. After it the policy continues greedily
 with exactly one more generation pass, in which a search is not executed (the protocol's ``max_turns`` is set so the
 next pass is the last): it must answer from what it was given. ``extra_search`` marks rows where it tried to search
-again instead (finish reason ``max_turns``, a format failure).
+again instead of answering (its last step holds a search request: not executed, no answer, a format failure).
 
 Rows: the held-out evidence fields (``training.rl.heldout.heldout_rows``: ``reward``, ``f1``, ``em``, ``cover_em``,
 ``format_ok``, ``n_searches``...) plus ``condition``, ``docs`` (ids inserted by the scripted search) and
@@ -206,12 +206,15 @@ def condition_rows(condition: Condition, trajectories: Sequence[Any], rows: Sequ
                    ) -> list[dict[str, Any]]:
     """Evidence rows of one condition: ``rows`` (one per trajectory) plus ``condition``, ``docs``,
     ``extra_search``; ``n_searches`` counts result blocks that held documents."""
+    from training.protocols.base import load_protocol
+
     out = []
     for t, r in zip(trajectories, rows, strict=True):
+        scripted = condition.kind != "own" and len(t.turns) > 1
         docs = list(t.turns[0].doc_ids) if condition.kind != "own" and t.turns else []
         n = t.n_searches - (1 if condition.kind == "closed" else 0)
-        out.append({**r, "condition": condition.name, "n_searches": n, "docs": docs,
-                    "extra_search": condition.kind != "own" and t.finish_reason == "max_turns"})
+        again = scripted and load_protocol(t.protocol).extract_query(t.turns[-1].generated) is not None
+        out.append({**r, "condition": condition.name, "n_searches": n, "docs": docs, "extra_search": again})
     return out
 
 
@@ -250,7 +253,7 @@ def summary_table(summary: dict[str, Any], fields: Sequence[str] = ("f1", "em", 
                                                                      "n_searches")) -> str:
     """Markdown: one row per condition, mean [95%] per field, then the paired F1/EM difference to the baseline."""
     base = summary["baseline"]
-    head = ["condition", "n", *fields, f"F1 − {base} [95%]", f"EM − {base} [95%]", "extra search"]
+    head = ["condition", "n", *fields, f"F1 − {base} [95%]", f"EM − {base} [95%]", "tried to search again"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, e in summary["conditions"].items():
         cells = [name, str(e["n"])]
