@@ -119,8 +119,9 @@ def test_rows_summary_and_parsing(tiny_generator, smol_tokenizer, question) -> N
     assert rows["bm25@1"][0]["docs"] == ["d1"] and rows["bm25@1"][0]["condition"] == "bm25@1"
     # a last step that asks for another search is marked (the random model's never does)
     assert rows["closed"][0]["extra_search"] is False
-    traj.turns[-1].generated = "<think> more </think>\n<search> again </search>"
-    assert condition_rows(parse_condition("bm25@1"), [traj], [base])[0]["extra_search"] is True
+    last = traj.turns[-1].model_copy(update={"generated": "<think> more </think>\n<search> again </search>"})
+    again = traj.model_copy(update={"turns": [*traj.turns[:-1], last]})
+    assert condition_rows(parse_condition("bm25@1"), [again], [base])[0]["extra_search"] is True
     s = summarize(rows, n_resamples=100)
     assert s["conditions"]["bm25@1"]["paired_vs_baseline"]["f1"]["diff"] == 1.0
     assert "| bm25@1 | 1 |" in summary_table(s)
