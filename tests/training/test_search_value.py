@@ -131,3 +131,16 @@ def test_rows_summary_and_parsing(tiny_generator, smol_tokenizer, question) -> N
         _run(tiny_generator, smol_tokenizer, question, "dense@1")
     qs = [Question(id=str(i), question="q", dataset=d) for i, d in enumerate("aabbb")]
     assert [q.id for q in first_per_dataset(qs, 1)] == ["0", "2"]
+
+
+def test_cli_dry_run_and_bad_condition() -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(app, ["run", "search-value", "--preset", "searchr1_learn_cpu", "--per-dataset", "35",
+                                   "--dry-run"], terminal_width=250)
+    assert out.exit_code == 0, out.output
+    assert "protocol searchr1" in out.output and "(35 each)" in out.output and "bm25@3" in out.output
+    out = CliRunner().invoke(app, ["run", "search-value", "--conditions", "closed,bm25-3", "--dry-run"])
+    assert isinstance(out.exception, ConfigError) and "bm25-3" in str(out.exception)
