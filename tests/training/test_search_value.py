@@ -117,6 +117,7 @@ def test_rows_summary_and_parsing(tiny_generator, smol_tokenizer, question) -> N
         rows[name] = condition_rows(c, [traj], [base])
     assert rows["closed"][0]["n_searches"] == 0 and rows["bm25@1"][0]["n_searches"] == 1
     assert rows["bm25@1"][0]["docs"] == ["d1"] and rows["bm25@1"][0]["condition"] == "bm25@1"
+    assert rows["bm25@1"][0]["continuation"] == traj.turns[-1].generated and len(traj.turns) == 2
     # a last step that asks for another search is marked (the random model's never does)
     assert rows["closed"][0]["extra_search"] is False
     last = traj.turns[-1].model_copy(update={"generated": "<think> more </think>\n<search> again </search>"})

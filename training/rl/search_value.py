@@ -23,8 +23,9 @@ next pass is the last): it must answer from what it was given. ``extra_search`` 
 again instead of answering (its last step holds a search request: not executed, no answer, a format failure).
 
 Rows: the held-out evidence fields (``training.rl.heldout.heldout_rows``: ``reward``, ``f1``, ``em``, ``cover_em``,
-``format_ok``, ``n_searches``...) plus ``condition``, ``docs`` (ids inserted by the scripted search) and
-``extra_search``. ``n_searches`` counts result blocks that held documents (0 for ``closed``).
+``format_ok``, ``n_searches``...) plus ``condition``, ``docs`` (ids inserted by the scripted search),
+``extra_search`` and ``continuation`` (the policy's text after the scripted search). ``n_searches`` counts result
+blocks that held documents (0 for ``closed``).
 :func:`summarize` gives per-condition means with 95% bootstrap intervals and the paired difference against the
 baseline condition (``evaluation.paired``). :func:`run_search_value` does it all for an RL preset's warm-up policy
 (``searchloop run search-value``).
@@ -214,7 +215,8 @@ def condition_rows(condition: Condition, trajectories: Sequence[Any], rows: Sequ
         docs = list(t.turns[0].doc_ids) if condition.kind != "own" and t.turns else []
         n = t.n_searches - (1 if condition.kind == "closed" else 0)
         again = scripted and load_protocol(t.protocol).extract_query(t.turns[-1].generated) is not None
-        out.append({**r, "condition": condition.name, "n_searches": n, "docs": docs, "extra_search": again})
+        out.append({**r, "condition": condition.name, "n_searches": n, "docs": docs, "extra_search": again,
+                    "continuation": t.turns[-1].generated if scripted else None})
     return out
 
 
