@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from infra import progress
@@ -133,6 +134,7 @@ def run_rollouts(
     searcher: Searcher,
     cfg: RolloutConfig | None = None,
     tokenizer: Any | None = None,
+    prepare: Callable[[list[AgentState]], None] | None = None,
 ) -> list[Trajectory]:
     """Roll out ``cfg.n`` trajectories per question, batched across questions (see the module docstring).
 
@@ -143,6 +145,8 @@ def run_rollouts(
         searcher: any ``retrieval.types.Searcher`` (in-process index or HTTP client).
         cfg: rollout settings.
         tokenizer: tokenizer for chat templates and masks (default: ``generator.tokenizer`` when it has one).
+        prepare: called once with the new states before the first generation step (e.g. to insert a scripted first
+            search: ``training.rl.search_value``); it may record steps through the protocol's own methods.
 
     Returns:
         Trajectories in question order, ``cfg.n`` consecutive samples per question.
@@ -160,7 +164,7 @@ def run_rollouts(
         # synchronous across trajectories, so finished-trajectory counts would sit at 0 until the last step
         with progress.track(f"rollouts {protocol.name} ({n} trajectories)", total=n * cfg.max_total_tokens,
                             unit="token") as bar:
-            return _rollout_loop(questions, protocol, generator, searcher, cfg, tok, bar)
+            return _rollout_loop(questions, protocol, generator, searcher, cfg, tok, bar, prepare)
     finally:
         if reset is not None:
             reset()
@@ -169,9 +173,12 @@ def run_rollouts(
 def _rollout_loop(
     questions: list[Question], protocol: SearchProtocol, generator: Generator, searcher: Searcher,
     cfg: RolloutConfig, tok: Any | None, bar: progress.Tracker | None = None,
+    prepare: Callable[[list[AgentState]], None] | None = None,
 ) -> list[Trajectory]:
     t0 = time.perf_counter()
     states = [protocol.start(q, tok, sample=j) for q in questions for j in range(cfg.n)]
+    if prepare is not None:
+        prepare(states)
     timing = [{"generate": 0.0, "search": 0.0, "total": 0.0} for _ in states]
     step = 0
     while True:
