@@ -19,9 +19,15 @@ ALLOWED: set[tuple[str, str]] = set()
 
 
 def doc_files(root: Path = REPO) -> list[Path]:
-    """Every committed doc: markdown, YAML presets and configs, shell scripts and text files outside data files."""
+    """Every committed doc: markdown, YAML presets and configs, shell scripts and text files outside data files.
+    Only files git tracks (or would track): the engine virtualenvs CI builds in the checkout (``.venv-vllm``,
+    ``.venv-verl``) hold third-party files full of ``/tmp`` paths."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
     out = []
-    for path in root.rglob("*"):
+    for path in (root / name for name in listed):
         rel = path.relative_to(root)
         if any(part in SKIP_DIRS for part in rel.parts) or not path.is_file() or path.suffix not in DOC_SUFFIXES:
             continue

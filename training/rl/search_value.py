@@ -14,8 +14,8 @@ Conditions (``parse_condition`` names):
 - ``gold``: the question's supporting paragraphs (``supporting_doc_ids``, corpus order of the row) inserted in the
   same block.
 
-The scripted first step is the text the warm-up SFT taught for a first search (``training.warmup.renderers``
-``SCRIPTS``: e.g. ``<think> I need to search for this. </think>\\n<search> {question} </search>`` for Search-R1),
+The scripted first step is the text the warm-up SFT taught for a first search (the protocol's
+``warmup_script``: e.g. ``<think> I need to search for this. </think>\\n<search> {question} </search>`` for Search-R1),
 recorded through the protocol's own ``on_completion`` / ``on_results``, so prompt, tags and document format are
 byte-identical to a rollout. It is not counted in the generation budget. After it the policy continues greedily
 with exactly one more generation pass, in which a search is not executed (the protocol's ``max_turns`` is set so the
@@ -80,11 +80,12 @@ def parse_condition(text: str) -> Condition:
 
 def forced_first_step(protocol_name: str, query: str) -> tuple[str, str | None]:
     """The scripted first search step of ``protocol_name`` (the warm-up's text) and the stop string ending it."""
-    from training.warmup.renderers import SCRIPTS
+    from training.protocols.base import load_protocol
 
-    if protocol_name not in SCRIPTS:
-        raise ConfigError(f"no scripted first search for protocol {protocol_name!r}; known: {sorted(SCRIPTS)}")
-    text, stop, _ = SCRIPTS[protocol_name]([query], [], "")[0]
+    try:
+        text, stop, _ = load_protocol(protocol_name).warmup_script([query], [], "")[0]
+    except NotImplementedError as exc:
+        raise ConfigError(f"no scripted first search for protocol {protocol_name!r}: {exc}") from exc
     return text, stop
 
 
