@@ -84,13 +84,15 @@ def test_smartsearch_group_branches_and_judge_reward_through_verl(tmp_path, smol
         "dir": str(tmp_path), "question": "Who directed the film Ed Wood?", "golds": ["Tim Burton"]}, tmp_path)
     samples = out["samples"]
     assert len(samples) == n and {s["class"] for s in samples} == {"AgentLoopBase"}
-    leader, branches = samples[0], samples[1:]
-    lf = leader["extra_fields"]
-    # the on-policy leader: its one round judged not useful (scripted judge), refined, the prefix kept
-    assert lf["branch"] == 0 and lf["group_size"] == n and lf["round_useful"] == [0]
-    assert (lf["refined"], lf["refine_failed"], lf["skipped_length"], lf["kept_prefixes"]) == (1, 0, 0, 1)
-    assert "who directed ed wood" in leader["response_text"]
-    for s in branches:  # n - 1 branches continued from the refined prefix, the refined query counted as generated
+    # the seed's group mix (issue 23 fix 1): copy 2k is on-policy, copy 2k+1 branches from copy 2k's refined prefix
+    leaders, branches = samples[0::2], samples[1::2]
+    leader = leaders[0]
+    for lead in leaders:  # each on-policy copy: its one round judged not useful (scripted judge), refined, kept
+        lf = lead["extra_fields"]
+        assert lf["branch"] == 0 and lf["group_size"] == n and lf["round_useful"] == [0]
+        assert (lf["refined"], lf["refine_failed"], lf["skipped_length"], lf["kept_prefixes"]) == (1, 0, 0, 1)
+        assert "who directed ed wood" in lead["response_text"]
+    for s in branches:  # each branch continued from its own leader's refined prefix, the refined query generated
         f = s["extra_fields"]
         assert f["branch"] == 1 and f["branch_round"] == 0 and f["round_useful"] == [1] and f["judge_failed"] == 0
         assert "Ed Wood film director" in s["generated_text"] and "who directed ed wood" not in s["response_text"]
@@ -102,7 +104,8 @@ def test_smartsearch_group_branches_and_judge_reward_through_verl(tmp_path, smol
         assert set(s["extra_fields"]) >= {"finished", "n_searches", "round_useful", "judge_failed", "max_redundancy"}
     assert out["groups_left"] == 0  # the coordinator dropped the group once every copy took its share
     # verl's reward loop scored each sample with the judge's verdicts: the leader's bad round costs 0.1
-    assert leader["reward"]["bad_rounds"] == 1.0 and all(s["reward"]["bad_rounds"] == 0.0 for s in branches)
+    assert all(lead["reward"]["bad_rounds"] == 1.0 for lead in leaders)
+    assert all(s["reward"]["bad_rounds"] == 0.0 for s in branches)
     assert leader["score"] == pytest.approx(branches[0]["score"] - 0.1)
     info = {"question": "Who directed the film Ed Wood?"}
     for s in samples:
