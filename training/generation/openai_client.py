@@ -134,12 +134,13 @@ class OpenAICompatibleGenerator:
             c.get("logprob") for c in (lp.get("content") or [])
         ]
         ids = choice.get("token_ids") or [-1] * len(token_lps or [])
-        cum = float(sum(x for x in token_lps if x is not None)) if token_lps else None  # EOS included, as offline
+        # EOS included, as offline; an empty list (EOS first: no token kept) sums to 0, not "no log-probs"
+        cum = float(sum(x for x in token_lps if x is not None)) if token_lps is not None else None
         if reason == "eos" and ids and ids[-1] in self._eos_ids:
             # vLLM returns the EOS id it stopped on; every backend's ids end before EOS (the offline engines, ours)
             ids = ids[:-1]
             token_lps = token_lps[:-1] if token_lps and len(token_lps) > len(ids) else token_lps
-        per_token = [float(x) for x in token_lps] if token_lps and None not in token_lps else None
+        per_token = [float(x) for x in token_lps] if token_lps is not None and None not in token_lps else None
         return Completion(text=text, token_ids=list(ids), finish_reason=reason, stop=stop, cumulative_logprob=cum,
                           token_logprobs=per_token)
 
