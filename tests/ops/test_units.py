@@ -116,4 +116,4 @@ def test_trainer_hook_points_the_trainer_at_the_new_corpus(monkeypatch):
     assert "champion moved: True" in note
     monkeypatch.setitem(sys.modules, "flows.em_loop", None)  # as if the EM branch were absent
     assert "not available in this build" in _model_hook(cfg)
-    assert "trainer=none" in _model_hook(RetrainConfig())
+    assert "trainer=none" in _model_hook(RetrainConfig(trainer="none"))  # the default trains now (issue 25)
