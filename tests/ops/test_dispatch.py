@@ -22,6 +22,7 @@ from tests.ops.conftest import HEARTBEAT, MINI_CORPUS
 from tests.ops.helpers import flow_run, task_runs, wait_for
 
 pytestmark = pytest.mark.slow
+N_PASSAGES = 1861  # the whole mini corpus
 
 
 def _step_runs(parent_id: str) -> list:
@@ -51,6 +52,7 @@ def _kill_when_busy(parent_id: str, attempt: int):
     client killed inside a write), then return it."""
     run = wait_for(lambda: _running_step(parent_id, attempt), 300, f"dispatched step #{attempt} to run")
     time.sleep(2)
+    assert flow_run(str(run.id)).state.type.value == "RUNNING", f"step #{attempt} ended before it could be killed"
     return run
 
 
@@ -79,10 +81,12 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
         log.append(line)
         print(line, flush=True)
 
-    corpus = _small_corpus(tmp_path / "corpus.jsonl", 128)
+    # one shard of the whole mini corpus at 256 tokens: ~20 s of encoding on 2 cores, so a step is still computing
+    # when it is killed (128 passages ended in ~3 s on a quiet CI machine: the second kill came after it completed)
+    corpus = _small_corpus(tmp_path / "corpus.jsonl", N_PASSAGES)
     params = {"preset": "index_mini_dense", "overrides": [
         "name=dispatch-kill", f"output_dir={tmp_path / 'index'}", "evaluate=false", f"index.corpus={corpus}",
-        "index.shard_size=128", "index.encoder.max_length=128"]}
+        f"index.shard_size={N_PASSAGES}", "index.encoder.max_length=256"]}
     t0 = time.monotonic()
     with ops_stack.client_env():
         pool_env = {"env": {"SEARCHLOOP_DISPATCH": "pool"}}
@@ -121,4 +125,4 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
     assert steps[1].state.message == f"no heartbeat for {3 * HEARTBEAT} s: its worker or node is presumed dead"
     assert len(embed) == 1 and embed[0].state.is_completed() and embed[0].run_count == 3
     manifest = artifacts.read_manifest(tmp_path / "index")
-    assert manifest["ref"]["n_passages"] == 128 and manifest["ref"]["backend"] == "dense"
+    assert manifest["ref"]["n_passages"] == N_PASSAGES and manifest["ref"]["backend"] == "dense"

@@ -144,7 +144,9 @@ def test_answer_collapse_on_recorded_rows_with_the_replicates_collapse() -> None
     assert alarm.value == pytest.approx(84 / 210) and "84 of 210" in alarm.message
 
 
-OTHERS = sorted(p.name for p in LEARNING.iterdir() if p.is_dir() and p.name != "searchr1_grpo")
+# every evidence folder (one written by report_learning has heldout_final.jsonl; search_value/ is a table, not a run)
+OTHERS = sorted(p.name for p in LEARNING.iterdir()
+                if (p / "heldout_final.jsonl").exists() and p.name != "searchr1_grpo")
 
 
 @pytest.mark.parametrize("folder", OTHERS)
