@@ -79,3 +79,23 @@ def test_trl_reward_func_missing_column_names_columns() -> None:
     assert A.trl_reward_func("searchr1_em", gold_column="answers")(["q"], [SR1], answers=["Paris"]) == [1.0]
     with pytest.raises(ConfigError):
         A.trl_reward_func("nope")
+
+
+def test_reward_options_reach_the_trl_reward_and_typos_are_refused() -> None:
+    """A stage's reward_options (here the seed's retrieval_score knob) change the score TRL trains with; an option
+    the score function does not take fails before training, naming the ones it takes."""
+    hit = ("<think>x</think><search>q</search><information>Paris is the capital</information>"
+           "<think>y</think><answer>Lyon</answer>")
+    plain = A.trl_reward_func("searchr1_format")([""], [hit], golden_answers=[["Paris"]])
+    shaped = A.trl_reward_func("searchr1_format", retrieval_score=0.1)([""], [hit], golden_answers=[["Paris"]])
+    assert plain == [pytest.approx(0.2)] and shaped == [pytest.approx(0.3)]
+    A.check_reward_options("searchr1_format", {"retrieval_score": 0.1})
+    with pytest.raises(ConfigError, match=r"no option\(s\) \['retreival_score'\].*retrieval_score"):
+        A.check_reward_options("searchr1_format", {"retreival_score": 0.1})
+
+
+def test_reward_options_are_refused_on_verl() -> None:
+    from flows.specs import resolve
+
+    with pytest.raises(Exception, match="reward_options, which only engine=trl"):
+        resolve("rl-finetune", "searchr1_grpo", ["stages.grpo.reward_options={retrieval_score: 0.1}"])

@@ -19,6 +19,7 @@ What a reward needs from a trainer (EOS, judge verdicts, the question) is the re
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -28,8 +29,8 @@ from infra.lazy import pick
 from training.rewards.common import Reward, RewardBreakdown
 from training.rewards.registry import REWARDS, RewardName
 
-__all__ = ["REWARDS", "RewardName", "compute_score", "reward_of", "score_response", "seed_reward_fn",
-           "trl_reward_func"]
+__all__ = ["REWARDS", "RewardName", "check_reward_options", "compute_score", "reward_of", "score_response",
+           "seed_reward_fn", "trl_reward_func"]
 
 
 def reward_of(name: str) -> Reward:
@@ -59,6 +60,22 @@ def score_response(name: str, response: str, golds: Sequence[str], **options: An
         return fn(prefix + response, list(golds), **options)
     except TypeError as exc:
         raise ConfigError(f"bad options {sorted(options)} for reward {name!r}: {exc}") from exc
+
+
+def check_reward_options(name: str, options: Mapping[str, Any]) -> None:
+    """Refuse options the reward ``name``'s score function does not take (before a run spends time on them).
+
+    Raises:
+        ConfigError: an unknown option, naming the ones the function takes.
+    """
+    params = inspect.signature(reward_of(name).score).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    takes = [p for i, p in enumerate(params) if i >= 2]  # (response, golds, *options)
+    unknown = sorted(set(options) - set(takes) - {"response_prefix"})
+    if unknown:
+        raise ConfigError(f"reward {name!r} takes no option(s) {unknown}; its options: {', '.join(takes) or 'none'} "
+                          f"(set them under the stage's reward_options)")
 
 
 def golds_from_ground_truth(ground_truth: Any) -> list[str]:

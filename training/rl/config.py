@@ -114,6 +114,10 @@ class StageSpec(StrictModel):
     name: str = Field(description="Stage name (stage1, stage2, grpo...).")
     reward: RewardName = Field(
         description="Reward name in training.rewards (research, r1searcher_stage1, searchr1_em...).")
+    reward_options: dict[str, float | int | bool] = Field(
+        default_factory=dict, description="Keyword options of the reward's score function, e.g. searchr1_format's "
+        "retrieval_score (the seed's bonus for a valid sequence whose retrieved documents hold a gold answer); "
+        "checked against the function's signature before training (engine=trl).")
     max_turns: int | None = Field(default=None, ge=1, description="Generation passes per trajectory (None: seed).")
     top_k: int | None = Field(default=None, ge=1, description="Documents per search (None: the preset's top_k).")
     question_stage: int | None = Field(
@@ -244,6 +248,10 @@ class RLConfig(StrictModel):
             errors.append("eval.offset is read by the held-out comparison only: set eval.compare_start=true")
         if self.eval.compare_start and not self.eval.benchmarks:
             errors.append("eval.compare_start needs eval.benchmarks (the held-out questions)")
+        with_options = [s.name for s in self.stages if s.reward_options]
+        if with_options and self.engine != "trl":
+            errors.append(f"stage(s) {with_options} set reward_options, which only engine=trl passes to the reward "
+                          "(verl's reward entry takes the seed defaults): remove them or use engine=trl")
         if engine and engine.remote_search and not self.retrieval.url:
             errors.append(f"engine={self.engine} searches from its GPU workers over HTTP: set retrieval.url (start "
                           "one with `searchloop serve retriever --index <dir>`)")

@@ -101,7 +101,8 @@ def heldout_rows(cfg: Any, trajectories: list[Any], tokenizer: Any, judge: bool 
     from training.agent.heldout import heldout_row
     from training.rewards.adapters import trl_reward_func
 
-    reward = trl_reward_func(cfg.stages[-1].reward, eos_token_id=tokenizer.eos_token_id)
+    last = cfg.stages[-1]
+    reward = trl_reward_func(last.reward, eos_token_id=tokenizer.eos_token_id, **last.reward_options)
     scores = reward([t.prompt for t in trajectories], [t.response for t in trajectories],
                     golden_answers=[t.golden_answers for t in trajectories],
                     question=[t.question for t in trajectories],

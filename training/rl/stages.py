@@ -64,7 +64,7 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
     from training.agent.rollout import RolloutConfig
     from training.generation.models import load_tokenizer
     from training.protocols.base import load_protocol
-    from training.rewards.adapters import trl_reward_func
+    from training.rewards.adapters import check_reward_options, trl_reward_func
     from training.rl.data import read_parquet, trl_rows
     from training.rl.health import health_callback, raise_if_unhealthy
     from training.rl.trl_engine import (
@@ -89,7 +89,8 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
                                 max_total_tokens=tcfg.max_completion_length, seed=tcfg.seed)
     rollout = engine_rollout_fn(protocol, open_searcher(cfg.retrieval), rollout_cfg, sink=sink)
     health = health_callback(cfg.health)
-    reward = trl_reward_func(stage.reward, eos_token_id=tok.eos_token_id)
+    check_reward_options(stage.reward, stage.reward_options)
+    reward = trl_reward_func(stage.reward, eos_token_id=tok.eos_token_id, **stage.reward_options)
     ckpt_dir = str(out / "checkpoints")
     resume = last_checkpoint(ckpt_dir)
     state = _trainer_state(resume)
