@@ -237,6 +237,17 @@ class ScoreTable(BaseModel):
         """Flat ``{dataset: {metric: mean}}`` mapping, e.g. for MLflow logging."""
         return {r.dataset: {k: v.mean for k, v in r.metrics.items()} for r in self.rows}
 
+    @property
+    def pooled(self) -> DatasetScores:
+        """The pooled row: 'ALL' when there are several datasets, else the only one.
+
+        Raises:
+            ValueError: for a table with no row (no example was scored).
+        """
+        if not self.rows:
+            raise ValueError("the score table has no row: no example was scored (check the benchmarks and limits)")
+        return self.rows[-1]
+
     def row(self, dataset: str) -> DatasetScores:
         """The row of ``dataset``.
 

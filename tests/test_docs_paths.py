@@ -59,3 +59,35 @@ def test_no_committed_doc_names_an_absolute_machine_path() -> None:
             found += [f"{rel}:{no}: {hit}" for hit in absolute_paths(line) if (rel, hit) not in ALLOWED]
     assert not found, ("absolute machine paths in docs (write repo-relative paths, ../shared/data or <home>):\n"
                        + "\n".join(found))
+
+
+CITED_TEST = re.compile(r"\btests/[\w/]+\.py(?:::\w+)?")
+
+
+def cited_tests(text: str) -> list[str]:
+    """The test files (``tests/<dir>/test_x.py``) and tests (``...::test_y``) that ``text`` cites."""
+    return CITED_TEST.findall(text)
+
+
+def test_cited_test_paths_exist() -> None:
+    """Docs and docstrings cite tests by repo-relative path (``tests/training/rl/test_rl_data.py::test_x``): each file
+    and test they name exists, so moving a test file (``tests/`` mirrors the packages) cannot leave a stale citation."""
+    assert cited_tests("see `tests/training/rl/test_health.py::test_stop` and tests/x.py.") == [
+        "tests/training/rl/test_health.py::test_stop", "tests/x.py"]
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    here = Path(__file__).resolve()  # its own examples above are not citations
+    sources = doc_files() + [REPO / name for name in listed if (REPO / name).is_file() and REPO / name != here]
+    stale = []
+    for path in sources:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for cite in cited_tests(text):
+            file, _, name = cite.partition("::")
+            target = REPO / file
+            if not target.is_file():
+                stale.append(f"{path.relative_to(REPO)}: {cite} (no such file)")
+            elif name and not re.search(rf"^\s*(?:async def|def|class) {name}\b", target.read_text(), re.M):
+                stale.append(f"{path.relative_to(REPO)}: {cite} (no {name} in {file})")
+    assert not stale, "docs cite tests that do not exist (fix the path or the name):\n" + "\n".join(stale)

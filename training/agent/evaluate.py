@@ -128,8 +128,8 @@ def score_checkpoint(cfg: AgentEvalConfig, benchmarks: Sequence[str], out_uri: s
     """Evaluate one checkpoint (``cfg.generator.model``) on each benchmark (:func:`evaluate_dataset`, a directory
     per benchmark under ``out_uri``) -> one row per benchmark (its file stem) with bootstrap intervals.
 
-    The one evaluation record of the loops: RL and SmartSearch return it, and EM's evaluation builds the same
-    :class:`~evaluation.metrics.ScoreTable`.
+    The one evaluation record of the loops: RL and SmartSearch return it, and EM's evaluation returns
+    ``training.em.records.EvalRef``, the same :class:`~evaluation.metrics.ScoreTable` naming its stage directory.
     """
     examples: list[dict[str, Any]] = []
     for name in benchmarks:

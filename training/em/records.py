@@ -1,19 +1,32 @@
 """Typed records the EM-loop stages return (flows read attributes, never string keys).
 
-Each stage directory's ``manifest.json`` keeps the record's fields under ``data`` (the same JSON as before these
-types existed, so an experiment started earlier still resumes); :func:`training.em.stages.run_stage` turns them back
-into the stage's record.
+Each stage directory's ``manifest.json`` keeps the record's fields under ``data`` (a superset of the JSON written
+before these types existed, so an experiment started earlier still resumes); :func:`training.em.stages.run_stage`
+turns them back into the stage's record.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evaluation.metrics import MetricSummary
+from evaluation.metrics import MetricSummary, ScoreTable
+from infra import artifacts
 from training.em.selection import SelectionStats
+
+
+def finite_numbers(value: Any, prefix: str = "") -> dict[str, float]:
+    """The finite numbers inside nested dicts, keys joined with dots (lists and strings are skipped)."""
+    out: dict[str, float] = {}
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out |= finite_numbers(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        out[prefix] = float(value)
+    return out
 
 
 class StageRef(BaseModel):
@@ -26,17 +39,7 @@ class StageRef(BaseModel):
 
     def numbers(self) -> dict[str, float]:
         """The record's finite numbers, flattened with dots (what the stage's MLflow run logs as metrics)."""
-        out: dict[str, float] = {}
-
-        def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    walk(f"{prefix}.{k}" if prefix else str(k), v)
-            elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-                out[prefix] = float(value)
-
-        walk("", self.model_dump(exclude={"step", "path"}))
-        return out
+        return finite_numbers(self.model_dump(exclude={"step", "path"}))
 
 
 class WarmupDataRef(StageRef):
@@ -73,12 +76,34 @@ class SelectRef(StageRef):
     stats: SelectionStats = Field(description="Selection statistics (dropped groups, ESS...).")
 
 
-class EvalRef(StageRef):
-    """Held-out evaluation of one checkpoint, pooled over the held-out sets."""
+class EvalRef(StageRef, ScoreTable):
+    """Held-out evaluation of one checkpoint: the loops' one evaluation record, an
+    :class:`~evaluation.metrics.ScoreTable` (a row per held-out set, the pooled 'ALL' row last; RL and SmartSearch
+    evaluations return the same table) that also names its stage directory.
+
+    The manifest keeps the table's fields plus ``n``, ``table`` and the pooled ``metrics`` (what manifests held
+    before the record was a table); a manifest written before then has no rows, and they are read back from its
+    ``table`` file, so an experiment started earlier still resumes.
+    """
 
     n: int = Field(description="Questions evaluated.")
-    metrics: dict[str, MetricSummary] = Field(description="em, f1, acc, format_ok: mean and bootstrap interval.")
-    table: str = Field(description="Per-dataset table (json).")
+    table: str = Field(description="Per-dataset table (json; the same table as this record).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rows_from_table_file(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "rows" in data or "table" not in data:
+            return data
+        path = Path(str(data["table"]))
+        if not path.is_file():
+            raise ValueError(f"evaluation record at {data.get('path')!r} has no rows and its table file {path} is "
+                             "missing: delete that stage directory to evaluate the checkpoint again")
+        return {**artifacts.read_json(path), **data}
+
+    @property
+    def metrics(self) -> dict[str, MetricSummary]:
+        """Pooled em, f1, acc, format_ok, searches...: mean and bootstrap interval."""
+        return self.pooled.metrics
 
     @property
     def f1(self) -> MetricSummary:
@@ -89,6 +114,11 @@ class EvalRef(StageRef):
     def em(self) -> MetricSummary:
         """Held-out exact match (mean and bootstrap interval)."""
         return self.metrics["em"]
+
+    def numbers(self) -> dict[str, float]:
+        """``n``, the pooled ``metrics.<name>.<mean|low|high|n>`` (the names logged before) and ``flat()``."""
+        pooled = {k: v.model_dump() for k, v in self.metrics.items()}
+        return finite_numbers({"n": self.n, "metrics": pooled}) | finite_numbers(self.flat())
 
 
 class Promotion(BaseModel):

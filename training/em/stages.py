@@ -186,7 +186,10 @@ def select_stage(cfg: EMLoopConfig, scores_path: str, out_dir: str | Path) -> Se
 
 def evaluate_checkpoint(cfg: EMLoopConfig, model_path: str, out_dir: str | Path) -> EvalRef:
     """Held-out evaluation through the evaluation stage (``training.agent.evaluate.evaluate_dataset``, one directory per
-    dataset: trajectories, predictions, per-example metrics), then EM/F1/acc with bootstrap intervals per dataset."""
+    dataset: trajectories, predictions, per-example metrics), then EM/F1/acc with bootstrap intervals per dataset.
+
+    The record is the loops' one evaluation record: an :class:`~evaluation.metrics.ScoreTable` (what RL and
+    SmartSearch evaluation return) that also names the stage directory."""
     from evaluation.metrics import aggregate
     from training.agent.evaluate import AgentEvalConfig, evaluate_dataset
 
@@ -205,9 +208,9 @@ def evaluate_checkpoint(cfg: EMLoopConfig, model_path: str, out_dir: str | Path)
                           n_resamples=ev.n_resamples)
         artifacts.write_json(out / "table.json", table.model_dump())
         artifacts.write_jsonl(out / "examples.jsonl", examples)
-        pooled = table.rows[-1].metrics
+        pooled = table.pooled.metrics  # kept in the manifest for readers of the pre-table records
         summary = {k: pooled[k].model_dump() for k in ("em", "f1", "acc", "format_ok") if k in pooled}
-        return {"n": len(examples), "metrics": summary, "table": str(out / "table.json")}
+        return {**table.model_dump(), "n": len(examples), "metrics": summary, "table": str(out / "table.json")}
 
     return run_stage("evaluate", out_dir, body, keep_parts=True, record=EvalRef)
 

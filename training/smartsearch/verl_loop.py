@@ -41,7 +41,7 @@ Degradations (documented, not hidden):
   misaligned list.
 
 Unverified on GPUs (verl's Ray workers with vLLM/SGLang replicas); checked on CPU through verl's ``AgentLoopBase``
-with ``training.rl.verl.agent_loop.OpenAIServerManager`` (``tests/training/test_verl_env.py``).
+with ``training.rl.verl.agent_loop.OpenAIServerManager`` (``tests/training/rl/test_verl_env.py``).
 """
 
 from __future__ import annotations

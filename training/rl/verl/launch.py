@@ -1,7 +1,7 @@
 """verl launcher: ``python -m verl.trainer.main_ppo`` as a subprocess in verl's own environment (GPU workers).
 
 UNVERIFIED: no GPU or verl install was available when this was written; the overrides are checked against verl's
-config keys (``tests/training/test_verl_config.py``) and, where verl imports, against its hydra config.
+config keys (``tests/training/rl/test_verl_config.py``) and, where verl imports, against its hydra config.
 
 Steps of :func:`train_stage_verl`:
 1. write the search tool YAML (verl ``SearchTool`` -> our retriever's Search-R1 ``/retrieve``) and the overrides;

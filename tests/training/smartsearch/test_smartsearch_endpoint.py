@@ -23,7 +23,7 @@ from training.smartsearch.endpoint import EndpointClient
 from training.smartsearch.judge import GoldSupport, RuleJudge, UsefulnessJudge, judge_text, make_judge
 from training.smartsearch.refine import REFINE_TEMPLATE, process_with_result, refine_rounds
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class ScriptedChat(BaseHTTPRequestHandler):

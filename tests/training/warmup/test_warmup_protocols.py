@@ -17,7 +17,7 @@ from training.protocols.base import load_protocol
 from training.warmup import renderers as wp
 from training.warmup import sources as warmup
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[3] / "data"
 PROTOCOLS = ["research", "searchr1", "r1searcher", "smartsearch", "exsearch"]
 
 

@@ -9,7 +9,7 @@ import yaml
 
 from training.rl.verl.config import VERL_KEYS, VerlConfig, parse_overrides, render_overrides, render_search_tool_config
 
-PRESETS = Path(__file__).resolve().parents[2] / "flows" / "configs"
+PRESETS = Path(__file__).resolve().parents[3] / "flows" / "configs"
 
 
 def _render(cfg: VerlConfig) -> list[str]:

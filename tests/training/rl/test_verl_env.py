@@ -1,4 +1,4 @@
-"""verl 0.9.1's CPU-runnable parts on our pieces, in ``.venv-verl`` (``tests/training/verl_env_checks.py`` runs
+"""verl 0.9.1's CPU-runnable parts on our pieces, in ``.venv-verl`` (``tests/training/rl/verl_env_checks.py`` runs
 there by subprocess): our overrides compose against verl's real Hydra config, verl's reward loop calls our reward
 module on rollout records (ReSearch's finished flag included), and our tag agent loop runs through verl's
 ``AgentLoopBase`` against a live OpenAI-compatible server and retriever. Skipped when ``.venv-verl`` is absent

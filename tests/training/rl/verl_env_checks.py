@@ -1,6 +1,6 @@
 """Run inside ``.venv-verl`` by ``test_verl_env.py`` (not a test module): verl 0.9.1's own code on our pieces.
 
-``python tests/training/verl_env_checks.py <check> <input.json>`` prints one JSON line:
+``python tests/training/rl/verl_env_checks.py <check> <input.json>`` prints one JSON line:
 - ``compose``: our rendered overrides for every algorithm against verl's Hydra ``ppo_trainer`` config;
 - ``reward``: our reward module loaded by verl's ``get_custom_reward_fn`` and called through verl's reward-loop
   ``NaiveRewardManager.run_single`` on ``DataProto`` items built from rollout records;

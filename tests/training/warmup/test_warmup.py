@@ -15,7 +15,7 @@ from training.generation.base import Completion, cut_at_stop
 from training.protocols.exsearch import FINAL_TOKEN, QUERY_TOKEN, validate_messages
 from training.warmup import sources as warmup
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[3] / "data"
 
 
 @pytest.fixture(scope="module")

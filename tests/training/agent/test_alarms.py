@@ -26,7 +26,7 @@ from training.rl.health import (
     raise_if_unhealthy,
 )
 
-LEARNING = Path(__file__).resolve().parents[2] / "docs" / "results" / "learning"
+LEARNING = Path(__file__).resolve().parents[3] / "docs" / "results" / "learning"
 
 
 def _rows(name: str, end: str) -> list[dict]:
