@@ -2,8 +2,8 @@
 
 Checked on CPU against verl 0.9.1's ``AgentLoopBase`` (``verl/experimental/agent_loop``) in ``.venv-verl``
 (``tests/training/rl/test_verl_env.py``: the loop runs through verl's class with :class:`OpenAIServerManager` in
-place of verl's Ray-managed vLLM replicas, which need GPUs); the GPU path itself is unverified. verl's built-in ``tool_agent``
-speaks the chat template's function-calling format; the seeds use text tags, so this loop runs the same
+place of verl's Ray-managed vLLM replicas, which need GPUs); the GPU path itself is unverified. verl's built-in
+``tool_agent`` speaks the chat template's function-calling format; the seeds use text tags, so this loop runs the same
 ``SearchProtocol`` objects as our rollout engine:
 
 * each step generates token-in/token-out through verl's server manager with the per-turn budget, then cuts the text
