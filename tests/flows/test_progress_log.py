@@ -1,0 +1,114 @@
+"""Progress of an SFT engine subprocess reaches the Prefect run log on a timer (issue 25 item 5): a deployment run
+on a worker has no terminal, and the warm-up SFT left the worker's log and the UI's run log silent for minutes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from infra import progress
+
+# a fake LLaMA-Factory: appends trainer_log.jsonl rows (LogCallback's layout) while it "trains", exits 0
+ENGINE = ("import json, os, time\n"
+          "os.chdir({root!r})\n"
+          "time.sleep(0.4)\n"  # model loading: no step yet, so no line
+          "for i in range(1, 4):\n"
+          "    row = json.dumps({{'current_steps': i, 'total_steps': 3, 'loss': 2.5 - i / 2}})\n"
+          "    open('engine/trainer_log.jsonl', 'a').write(row + '\\n')\n"
+          "    time.sleep(0.5)\n")
+
+
+class FakeRunLogger:
+    """Stands in for ``get_run_logger()``: keeps the lines it is given."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, msg: str, *args: object) -> None:
+        self.lines.append(msg % args if args else msg)
+
+
+@pytest.fixture
+def only_these_sinks(monkeypatch):
+    """No sink from another test (e.g. a CLI test's TerminalSink) takes part."""
+    monkeypatch.setattr(progress, "_SINKS", [])
+
+
+def run_fake_engine(tmp_path, monkeypatch) -> None:
+    from training.sft import launcher
+
+    (tmp_path / "engine").mkdir()
+    monkeypatch.setattr(launcher, "PROGRESS_POLL_S", 0.1)
+    launcher._run_engine([sys.executable, "-c", ENGINE.format(root=str(tmp_path))], dict(os.environ), tmp_path,
+                         timeout_s=60, name="sft warmup")
+
+
+def test_sft_engine_steps_reach_the_run_logger_on_a_timer(tmp_path, monkeypatch, only_these_sinks) -> None:
+    """Steps, total, loss and ETA of the engine's trainer_log.jsonl become timer lines in the run's logger; no
+    line before the first step, whole numbers whole, a last ``done in`` line."""
+    from tasks.progress import RunLogSink
+
+    logger = FakeRunLogger()
+    sink = RunLogSink(line_interval_s=0.2, run_logger=lambda: logger)
+    progress.register_sink(sink, 0.0)
+    try:
+        run_fake_engine(tmp_path, monkeypatch)
+    finally:
+        sink.close()
+    lines = logger.lines
+    assert lines and all(x.startswith("progress sft warmup: ") for x in lines), lines
+    assert not [x for x in lines if ": 0 step" in x or ": 0/" in x]  # never a zero-work line
+    running = [x for x in lines if "ETA" in x]
+    assert running and all("/3 step (" in x and "; loss " in x for x in running), lines
+    assert "e+" not in "".join(lines) and "-:--:--" not in "".join(lines)
+    assert lines[-1].startswith("progress sft warmup: 3/3 step (100%)") and "done in" in lines[-1]
+    assert lines[-1].endswith("; loss 1")
+
+
+def test_no_run_no_lines(tmp_path, monkeypatch, only_these_sinks) -> None:
+    """Outside a Prefect run (no run logger) the sink stays quiet and the engine still runs."""
+    from tasks.progress import RunLogSink
+
+    sink = RunLogSink(line_interval_s=0.1)  # the real current_run_logger: None here
+    progress.register_sink(sink, 0.0)
+    try:
+        run_fake_engine(tmp_path, monkeypatch)
+    finally:
+        sink.close()
+    assert sink._live == {} and sink._printed == set()
+
+
+def test_sft_progress_is_in_the_flow_run_log(prefect_harness, tmp_path, monkeypatch) -> None:
+    """Inside a real flow and task run (as on a worker: no terminal sink), the installed sink writes the SFT's
+    progress lines into the task run's log on the Prefect server."""
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    import tasks.progress as tp
+
+    monkeypatch.setattr(progress, "_SINKS", [])
+    monkeypatch.setattr(tp.RUN_LOG_SINK, "line_interval_s", 0.2)
+    tp.install()
+
+    @task(name="rl-warmup")
+    def warmup() -> None:
+        run_fake_engine(tmp_path, monkeypatch)
+
+    @flow(name="progress-log-probe")
+    def probe() -> None:
+        warmup()
+
+    state = probe(return_state=True)
+    assert state.is_completed()
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    lines = [x.message for x in logs if x.message.startswith("progress ")]
+    assert any(x.startswith("progress sft warmup: ") and "/3 step" in x and "ETA" in x for x in lines), lines
+    assert all(x.task_run_id is not None for x in logs if x.message.startswith("progress "))
+    assert not [x for x in lines if ": 0/" in x]
