@@ -23,6 +23,7 @@ from infra import progress
 
 MIN_INTERVAL_S = 2.0
 LOG_LINE_INTERVAL_S = 30.0
+LOG_UPDATE_INTERVAL_S = 0.5  # how fresh the state a log line shows is (storing it is cheap: no I/O)
 _ARTIFACTS: dict[str, UUID] = {}
 _LOCK = threading.Lock()
 
@@ -121,4 +122,4 @@ RUN_LOG_SINK = RunLogSink()
 def install() -> None:
     """Register the Prefect progress sinks: artifacts and run-log lines (idempotent)."""
     progress.register_sink(prefect_sink, MIN_INTERVAL_S)
-    progress.register_sink(RUN_LOG_SINK, MIN_INTERVAL_S)
+    progress.register_sink(RUN_LOG_SINK, LOG_UPDATE_INTERVAL_S)

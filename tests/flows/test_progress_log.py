@@ -80,19 +80,28 @@ def test_no_run_no_lines(tmp_path, monkeypatch, only_these_sinks) -> None:
     assert sink._live == {} and sink._printed == set()
 
 
-def test_sft_progress_is_in_the_flow_run_log(prefect_harness, tmp_path, monkeypatch) -> None:
-    """Inside a real flow and task run (as on a worker: no terminal sink), the installed sink writes the SFT's
-    progress lines into the task run's log on the Prefect server."""
+@pytest.mark.parametrize("terminal", [False, True], ids=["worker", "cli"])
+def test_sft_progress_is_in_the_flow_run_log(prefect_harness, tmp_path, monkeypatch, capfd, terminal: bool) -> None:
+    """Inside a real flow and task run, the installed sink writes the SFT's progress lines into the task run's log
+    on the Prefect server: through the run logger on a worker (no terminal sink), to the API only when the CLI's
+    terminal sink already shows them."""
+    import io
+
     from prefect import flow, task
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.logging.handlers import APILogWorker
+    from rich.console import Console
 
     import tasks.progress as tp
 
     monkeypatch.setattr(progress, "_SINKS", [])
     monkeypatch.setattr(tp.RUN_LOG_SINK, "line_interval_s", 0.2)
+    monkeypatch.setattr(tp, "LOG_UPDATE_INTERVAL_S", 0.0)
     tp.install()
+    buf = io.StringIO()
+    if terminal:
+        progress.register_sink(progress.TerminalSink(Console(file=buf, force_terminal=False, width=200), 0.2), 0.0)
 
     @task(name="rl-warmup")
     def warmup() -> None:
@@ -112,3 +121,6 @@ def test_sft_progress_is_in_the_flow_run_log(prefect_harness, tmp_path, monkeypa
     assert any(x.startswith("progress sft warmup: ") and "/3 step" in x and "ETA" in x for x in lines), lines
     assert all(x.task_run_id is not None for x in logs if x.message.startswith("progress "))
     assert not [x for x in lines if ": 0/" in x]
+    assert ("progress sft warmup: " in buf.getvalue()) == terminal
+    # Prefect's console handler (the worker's log) shows them, unless the terminal sink already does
+    assert ("- progress sft warmup: " in capfd.readouterr().err) == (not terminal)
