@@ -124,3 +124,26 @@ def test_sft_progress_is_in_the_flow_run_log(prefect_harness, tmp_path, monkeypa
     assert ("progress sft warmup: " in buf.getvalue()) == terminal
     # Prefect's console handler (the worker's log) shows them, unless the terminal sink already does
     assert ("- progress sft warmup: " in capfd.readouterr().err) == (not terminal)
+
+
+def test_trl_progress_callback_puts_loss_and_reward_in_the_line(only_these_sinks) -> None:
+    """A TRL (GRPO) stage's steps carry its latest logged loss and reward; the summary log after the end adds no
+    event (a loop that never finishes would print forever)."""
+    from types import SimpleNamespace
+
+    from training.rl.trl_engine import progress_callback
+
+    events: list[progress.ProgressEvent] = []
+    progress.register_sink(events.append, 0.0)
+    cb = progress_callback("train grpo")
+    state = SimpleNamespace(max_steps=2, global_step=0)
+    cb.on_train_begin(None, state, None)
+    state.global_step = 1
+    cb.on_step_end(None, state, None)
+    cb.on_log(None, state, None, logs={"loss": 0.0125, "reward": 0.5, "learning_rate": 1e-5})
+    state.global_step = 2
+    cb.on_step_end(None, state, None)
+    cb.on_train_end(None, state, None)
+    cb.on_log(None, state, None, logs={"train_loss": 0.01, "loss": 0.01})
+    assert events[-1].finished and events[-1].describe().startswith("train grpo: 2/2 step (100%)")
+    assert events[-1].describe().endswith("; loss 0.0125, reward 0.5")
