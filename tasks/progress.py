@@ -1,5 +1,9 @@
 """Prefect side of ``infra.progress``: each tracked loop inside a flow or task run is one progress artifact
-(``create_progress_artifact`` then ``update_progress_artifact``) whose description carries counts, rate and ETA.
+(``create_progress_artifact`` then ``update_progress_artifact``) whose description carries counts, rate and ETA,
+and a ``progress <loop>: 3/8 step (38%) ... ETA 2m05s; loss 1.79`` line in the run's log every
+``LOG_LINE_INTERVAL_S`` while it has done some work (:class:`RunLogSink`): a deployment run on a worker has no
+terminal, and a long step (a warm-up SFT in its engine subprocess) would otherwise leave the worker's log and the
+UI's run log silent for minutes.
 
 Artifacts are keyed ``progress-<loop name>-<task run name>`` (one key per loop per task run: two datasets' loops of
 the same name stay apart). Outside a
@@ -8,13 +12,18 @@ Prefect run the sink does nothing. Updates are throttled to one per ``MIN_INTERV
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+import time
+from collections.abc import Callable
 from uuid import UUID
 
 from infra import progress
 
 MIN_INTERVAL_S = 2.0
+LOG_LINE_INTERVAL_S = 30.0
+LOG_UPDATE_INTERVAL_S = 0.5  # how fresh the state a log line shows is (storing it is cheap: no I/O)
 _ARTIFACTS: dict[str, UUID] = {}
 _LOCK = threading.Lock()
 
@@ -59,6 +68,58 @@ def prefect_sink(event: progress.ProgressEvent) -> None:
             _ARTIFACTS.pop(event.key, None)
 
 
+def current_run_logger() -> logging.LoggerAdapter | None:
+    """The flow or task run's logger (``get_run_logger``), or None outside a Prefect run."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    if not _in_prefect_run():
+        return None
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return None
+
+
+class RunLogSink(progress.LineSink):
+    """Timer lines (``infra.progress.LineSink``) in the log of the run that started each loop.
+
+    The run's logger is taken in the loop's own thread on its first event (the timer thread has no run context;
+    the logger carries the flow and task run ids). With no terminal sink registered (a worker's flow-run process)
+    a line goes through the run logger: the worker's log and the UI's run log. When the CLI shows progress in the
+    terminal (:class:`infra.progress.TerminalSink`), the line goes to the Prefect API only, so the terminal does not
+    show each line twice.
+    """
+
+    def __init__(self, line_interval_s: float = LOG_LINE_INTERVAL_S, clock: Callable[[], float] = time.monotonic,
+                 run_logger: Callable[[], logging.LoggerAdapter | None] = current_run_logger) -> None:
+        super().__init__(line_interval_s, clock)
+        self.run_logger = run_logger
+        self._api_handler: logging.Handler | None = None
+
+    def _bind(self, event: progress.ProgressEvent) -> object | None:
+        return self.run_logger()
+
+    def _write(self, event: progress.ProgressEvent, target: object) -> None:
+        logger: logging.LoggerAdapter = target  # type: ignore[assignment]
+        message = f"progress {event.describe()}"
+        if not progress.has_sink(progress.TerminalSink):
+            logger.info(message)
+            return
+        if self._api_handler is None:
+            from prefect.logging.handlers import APILogHandler
+
+            self._api_handler = APILogHandler()
+        msg, kwargs = logger.process(message, {})
+        record = logger.logger.makeRecord(logger.logger.name, logging.INFO, __file__, 0, msg, (), None,
+                                          extra=kwargs.get("extra"))
+        self._api_handler.handle(record)
+
+
+RUN_LOG_SINK = RunLogSink()
+
+
 def install() -> None:
-    """Register the Prefect progress sink (idempotent)."""
+    """Register the Prefect progress sinks: artifacts and run-log lines (idempotent)."""
     progress.register_sink(prefect_sink, MIN_INTERVAL_S)
+    progress.register_sink(RUN_LOG_SINK, LOG_UPDATE_INTERVAL_S)

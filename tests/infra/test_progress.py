@@ -83,3 +83,33 @@ def test_terminal_sink_prints_on_a_timer_when_not_a_tty() -> None:
 
 def test_format_seconds() -> None:
     assert [progress.format_seconds(s) for s in (5, 75, 4000)] == ["5s", "1m15s", "1h06m"]
+
+
+def test_line_sink_lines_on_a_fake_clock() -> None:
+    """A timer line carries the elapsed time of the clock, not of the last update: the ETA grows with a stalled
+    step rather than freezing; no line before work is done; the loop's note (its loss) ends the line."""
+    now = [100.0]
+    got: list[str] = []
+
+    class ListSink(progress.LineSink):
+        def _write(self, event, target):
+            got.append(event.describe())
+
+    def event(done: float, elapsed: float, finished: bool = False) -> progress.ProgressEvent:
+        return progress.ProgressEvent(key="k", name="sft warmup", done=done, total=8, unit="step",
+                                      elapsed_s=elapsed, finished=finished, note="loss 2.25")
+
+    sink = ListSink(line_interval_s=3600.0, clock=lambda: now[0])
+    try:
+        sink(event(0, 0.0))
+        now[0] += 30
+        sink.tick()
+        assert got == []  # no zero-work line
+        sink(event(2, 60.0))  # the update came 60 s into the loop, at clock 130
+        now[0] += 60
+        sink.tick()  # 120 s into the loop, no new update
+        sink(event(8, 200.0, finished=True))
+    finally:
+        sink.close()
+    assert got == ["sft warmup: 2/8 step (25%) 0.0167 step/s ETA 6m00s; loss 2.25",
+                   "sft warmup: 8/8 step (100%) 0.04 step/s done in 3m20s; loss 2.25"]

@@ -311,21 +311,33 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
 
 
 def progress_callback(name: str = "training") -> Any:
-    """A transformers TrainerCallback reporting optimizer steps to ``infra.progress`` (count, rate, ETA)."""
+    """A transformers TrainerCallback reporting optimizer steps to ``infra.progress`` (count, rate, ETA, and the
+    latest logged loss and reward as the loop's note)."""
     from transformers import TrainerCallback
 
     from infra import progress
 
     class ProgressCallback(TrainerCallback):
+        bar: progress.Tracker | None = None
+
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self._ctx = progress.track(name, total=state.max_steps or None, unit="step")
             self.bar = self._ctx.__enter__()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.bar.update(state.global_step, total=state.max_steps or None)
+            if self.bar is not None:
+                self.bar.update(state.global_step, total=state.max_steps or None)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+            figures = [f"{k} {v:.4g}" for k, v in (logs or {}).items()
+                       if k in ("loss", "reward") and isinstance(v, int | float)]
+            if figures and self.bar is not None:  # not the summary log after on_train_end
+                self.bar.update(state.global_step, note=", ".join(figures))
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self._ctx.__exit__(None, None, None)
+            if self.bar is not None:
+                self._ctx.__exit__(None, None, None)
+                self.bar = None
 
     return ProgressCallback()
 

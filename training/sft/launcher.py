@@ -265,7 +265,8 @@ def _run_training(
     args = render_train_args(cfg, base_model, str(data_dir), str(engine_dir), run_name, ds_path) | extra_args
     yaml_path = out / "train.yaml"
     artifacts.write_text(yaml_path, _dump_yaml(args))
-    _run_engine(engine_command(yaml_path, cfg, weight_mode), engine_environment(mlflow_run_id), out, cfg.timeout_s)
+    _run_engine(engine_command(yaml_path, cfg, weight_mode), engine_environment(mlflow_run_id), out, cfg.timeout_s,
+                name=f"sft {run_name}")
     model_dir = out / "model"
     if cfg.finetuning_type == "lora" and cfg.merge_lora:
         merge_lora(base_model, str(engine_dir), str(model_dir))
@@ -305,7 +306,8 @@ def _die_with_parent_hook() -> Any:
 
 
 def _report_steps(engine_dir: Path, bar: progress.Tracker) -> None:
-    """Steps done / total from the last line of LLaMA-Factory's ``trainer_log.jsonl`` (written while it trains)."""
+    """Steps done / total and the loss from the last line of LLaMA-Factory's ``trainer_log.jsonl`` (its
+    ``LogCallback`` appends one every ``logging_steps`` while it trains)."""
     path = engine_dir / "trainer_log.jsonl"
     if not path.exists():
         return
@@ -315,14 +317,18 @@ def _report_steps(engine_dir: Path, bar: progress.Tracker) -> None:
     except orjson.JSONDecodeError:  # a line being written
         return
     if last and last.get("current_steps") is not None:
-        bar.update(float(last["current_steps"]), total=float(last.get("total_steps") or 0) or None)
+        loss = last.get("loss")
+        bar.update(float(last["current_steps"]), total=float(last.get("total_steps") or 0) or None,
+                   note=f"loss {loss:.4g}" if isinstance(loss, int | float) else None)
 
 
-def _run_engine(cmd: list[str], env: dict[str, str], out: Path, timeout_s: int) -> None:
+def _run_engine(cmd: list[str], env: dict[str, str], out: Path, timeout_s: int, name: str = "sft") -> None:
+    """Run the engine subprocess, its output to ``out/engine.log``; its steps are the progress loop ``name``
+    (``infra.progress``: timer lines in the terminal and in the Prefect run log, a progress artifact)."""
     log_path = out / "engine.log"
     start = time.monotonic()
     log.info("running %s (log: %s)", " ".join(cmd), log_path)
-    with open(log_path, "w", encoding="utf-8") as fh, progress.track("training", unit="step") as bar:
+    with open(log_path, "w", encoding="utf-8") as fh, progress.track(name, unit="step") as bar:
         proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent_hook())
         while True:

@@ -152,6 +152,6 @@ def test_engine_run_reports_trainer_log_steps_and_times_out(tmp_path) -> None:
     finally:
         launcher.PROGRESS_POLL_S = old
         progress.unregister_sink(events.append)
-    first = next(e.key for e in events if e.name == "training")
+    first = next(e.key for e in events if e.name == "sft")
     steps = [e for e in events if e.key == first]
     assert steps[-1].done == 3 and steps[-1].total == 3 and any(0 < e.done < 3 for e in steps)
