@@ -135,6 +135,8 @@ def worker_env(cfg: StackConfig) -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "DO_NOT_TRACK": "1",  # Prefect's client telemetry (the servers' is PREFECT_SERVER_ANALYTICS_ENABLED=false)
+        # the library's own INFO lines (stage counts, warnings) in the flow-run log a user reads in the UI
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "training,retrieval,evaluation",
         **cfg.extra_env,
     }
 
