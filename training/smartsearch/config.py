@@ -192,6 +192,9 @@ class DPOSpec(StrictModel):
     beta: float = Field(default=0.1, gt=0, description="pref_beta.")
     loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(default="sigmoid", description="DPO loss.")
     learning_rate: float = Field(default=7e-6, gt=0, description="Learning rate.")
+    warmup_ratio: float = Field(
+        default=0.1, ge=0, lt=1, description="Share of the steps with a rising learning rate (seed 0.1; a 2-step run "
+        "with 0.1 spends its first step at learning rate 0, so its second step still logs margin 0).")
     num_train_epochs: float = Field(default=3.0, gt=0, description="Epochs (ignored when max_steps > 0).")
     max_steps: int = Field(default=-1, description="Optimizer steps (-1 = epochs).")
     per_device_train_batch_size: int = Field(default=1, ge=1, description="Pairs per micro-batch.")

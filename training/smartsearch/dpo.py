@@ -42,7 +42,8 @@ def dpo_args(cfg: DPOSpec, output_dir: str, run_name: str = "dpo") -> Any:
         learning_rate=cfg.learning_rate, num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, max_length=cfg.max_length,
-        max_prompt_length=None, lr_scheduler_type="cosine", warmup_ratio=0.1, seed=cfg.seed, logging_steps=1,
+        max_prompt_length=None, lr_scheduler_type="cosine", warmup_ratio=cfg.warmup_ratio,
+        seed=cfg.seed, logging_steps=1,
         save_strategy="no", report_to=[], use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
         disable_tqdm=True, dataloader_num_workers=0, dataset_num_proc=None, gradient_checkpointing=False,
     )
