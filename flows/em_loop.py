@@ -32,6 +32,7 @@ from tasks.em import (
     warmup_data_task,
     warmup_sft_task,
 )
+from tasks.run_status import RUN_STATUS_HOOKS
 from training.em.config import EMLoopConfig
 from training.em.learning import curve_row
 from training.em.records import IterationResult
@@ -53,7 +54,7 @@ def _timeouts(cfg: EMLoopConfig) -> dict:
     }
 
 
-@flow(name="em-iteration")
+@flow(name="em-iteration", **RUN_STATUS_HOOKS)
 def em_iteration(cfg: EMLoopConfig, iteration: int, model_path: str, root: str, parent_run: str) -> IterationResult:
     """One EM iteration from ``model_path``: sample -> score -> select -> weighted train -> evaluate -> promote."""
     t = _timeouts(cfg)
@@ -75,7 +76,7 @@ def em_iteration(cfg: EMLoopConfig, iteration: int, model_path: str, root: str, 
     return result
 
 
-@flow(name="em-loop")
+@flow(name="em-loop", **RUN_STATUS_HOOKS)
 def em_loop(preset: EMPreset = "exsearch_cpu_demo", overrides: Overrides = ()) -> list[IterationResult]:  # type: ignore[valid-type]
     """Warm-up SFT, evaluation of the warm-up checkpoint, then up to ``iterations`` EM iterations.
 

@@ -13,6 +13,7 @@ from flows.specs import Overrides, preset_choice, resolve
 from infra.settings import get_settings
 from infra.tracking import stage_run
 from tasks.evaluation import evaluate_dataset_task, log_evaluation_task, summarize_task
+from tasks.run_status import RUN_STATUS_HOOKS
 
 __all__ = ["DEFAULT_DATASETS", "EvaluateConfig", "EvaluateResult", "evaluate"]
 EvalPreset = preset_choice("evaluate")
@@ -33,7 +34,7 @@ class EvaluateResult(BaseModel):
     markdown: str = Field(description="Markdown table.")
 
 
-@flow(name="evaluate", log_prints=True)
+@flow(name="evaluate", log_prints=True, **RUN_STATUS_HOOKS)
 def evaluate(preset: EvalPreset = "eval_demo", overrides: Overrides = ()) -> EvaluateResult:  # type: ignore[valid-type]
     """Evaluate each protocol on each dataset; log per-dataset metrics, predictions and a report to MLflow.
 

@@ -32,6 +32,7 @@ from tasks.rl import (
     train_stage_task,
     warmup_task,
 )
+from tasks.run_status import RUN_STATUS_HOOKS
 from training.refs import CheckpointRef
 from training.rewards.adapters import check_reward_options
 from training.rl.config import RLConfig
@@ -54,7 +55,7 @@ class RLResult(BaseModel):
         default=None, description="Held-out start vs final policy, paired (eval.compare_start).")
 
 
-@flow(name="rl-finetune")
+@flow(name="rl-finetune", **RUN_STATUS_HOOKS)
 def rl_finetune(preset: RLPreset = "research_grpo_cpu_demo", overrides: Overrides = ()) -> RLResult:  # type: ignore[valid-type]
     """Run the RL fine-tuning pipeline of a preset.
 

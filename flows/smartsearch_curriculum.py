@@ -18,6 +18,7 @@ from flows.specs import Overrides, preset_choice, resolve
 from infra import artifacts
 from infra.paths import experiment_root
 from infra.registry import RegisteredCheckpoint
+from tasks.run_status import RUN_STATUS_HOOKS
 from tasks.smartsearch import (
     evaluate_task,
     open_run_task,
@@ -46,7 +47,7 @@ class CurriculumResult(BaseModel):
         default_factory=dict, description="Per stage: the registered model version.")
 
 
-@flow(name="smartsearch-curriculum")
+@flow(name="smartsearch-curriculum", **RUN_STATUS_HOOKS)
 def smartsearch_curriculum(preset: SmartSearchPreset = "smartsearch_cpu_demo",  # type: ignore[valid-type]
                            overrides: Overrides = ()) -> CurriculumResult:
     """Run the SmartSearch curriculum of a preset.

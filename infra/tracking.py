@@ -7,6 +7,10 @@ threads, used by the EM loop whose runs outlive one task). ``get_alias``/``set_a
 aliases such as ``champion``; a checkpoint becomes a registered model version in one place, ``infra.registry``.
 ``MLFLOW_TRACKING_URI`` overrides the default store; ``SEARCHLOOP_PARENT_RUN_ID`` (set by a parent process) nests a
 stage under an existing run, as verl does with ``MLFLOW_RUN_ID``. mlflow is imported inside functions.
+
+Run status: a block (``stage_run``, ``child_run``) ends its own run, ``FINISHED`` or ``FAILED``; a run made by
+``create_run`` stays ``RUNNING`` until ``finish_run`` / ``finish_tagged_runs`` ends it (a flow's parent run: the
+flow's Prefect state hooks, ``tasks/run_status.py``), and ``resume_run`` leaves a run's status as it found it.
 """
 
 from __future__ import annotations
@@ -110,12 +114,21 @@ def child_run(parent_run_id: str | None, name: str, params: dict[str, Any] | Non
 @contextmanager
 def resume_run(run_id: str) -> Iterator[Any]:
     """Make the existing run ``run_id`` the active run for the block (nested when a run is already active), so the
-    fluent API (``mlflow.log_table``, traces) writes to it; yields the ``mlflow.ActiveRun``."""
+    fluent API (``mlflow.log_table``, traces) writes to it; yields the ``mlflow.ActiveRun``.
+
+    The block never changes the run's status: on exit (normal or not) the run gets back the status it had before
+    (a parent run stays ``RUNNING`` until its owner, e.g. the flow's state hooks, ends it). MLflow's own
+    ``with mlflow.start_run(run_id=...)`` would mark it ``FINISHED`` (or ``FAILED``) when the block exits.
+    """
     import mlflow
 
     configure()
-    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None) as run:
+    before = client().get_run(run_id).info.status
+    run = mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
+    try:
         yield run
+    finally:
+        mlflow.end_run(status=before)  # pops it from the active-run stack, status as it was
 
 
 def client() -> Any:
@@ -126,8 +139,10 @@ def client() -> Any:
 
 
 def create_run(name: str, experiment: str = DEFAULT_EXPERIMENT, parent_id: str | None = None,
-               tags: Mapping[str, str] | None = None) -> str:
-    """Create a run (nested under ``parent_id`` when given) without activating it; returns its id."""
+               tags: Mapping[str, str] | None = None, params: Mapping[str, Any] | None = None) -> str:
+    """Create a ``RUNNING`` run (nested under ``parent_id`` when given, ``params`` logged) without activating it;
+    returns its id. Nothing ends it but :func:`finish_run` or :func:`finish_tagged_runs` (a flow's parent run: its
+    status follows the flow run, see ``tasks.run_status``)."""
     from infra import links
 
     configure(experiment)
@@ -137,6 +152,8 @@ def create_run(name: str, experiment: str = DEFAULT_EXPERIMENT, parent_id: str |
     if parent_id:
         all_tags["mlflow.parentRunId"] = parent_id
     run_id = c.create_run(exp.experiment_id, tags=all_tags).info.run_id
+    if params:
+        log_params(params, run_id=run_id)
     links.announce_run(run_id, exp.experiment_id, name)
     return run_id
 
@@ -144,6 +161,39 @@ def create_run(name: str, experiment: str = DEFAULT_EXPERIMENT, parent_id: str |
 def finish_run(run_id: str, status: str = "FINISHED") -> None:
     """Mark a run terminated (``FINISHED``, ``FAILED`` or ``KILLED``)."""
     client().set_terminated(run_id, status=status)
+
+
+def finish_tagged_runs(tags: Mapping[str, str], status: str = "FINISHED") -> list[str]:
+    """Terminate with ``status`` every ``RUNNING`` run, in any experiment, that carries all of ``tags`` (e.g. the
+    Prefect flow run id every run of a flow run is tagged with, ``infra.links``); returns their ids."""
+    from mlflow.entities import ViewType
+
+    if not tags:
+        raise ValueError("finish_tagged_runs needs at least one tag: with none it would end every running run")
+    bad = [f"{k}={v}" for k, v in tags.items() if "'" in f"{k}{v}" or "`" in k]
+    if bad:
+        raise ValueError(f"finish_tagged_runs: quotes in tag(s) {bad} cannot go into an MLflow filter; "
+                         "use tags without quotes")
+    c = client()
+    experiments, token = [], None
+    while True:
+        page = c.search_experiments(view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+        experiments += [e.experiment_id for e in page]
+        token = page.token
+        if not token:
+            break
+    query = " and ".join([*(f"tags.`{k}` = '{v}'" for k, v in tags.items()), "attributes.status = 'RUNNING'"])
+    ended: list[str] = []
+    token = None
+    while experiments:
+        page = c.search_runs(experiments, filter_string=query, max_results=1000, page_token=token)
+        ended += [r.info.run_id for r in page]
+        token = page.token
+        if not token:
+            break
+    for run_id in ended:
+        c.set_terminated(run_id, status=status)
+    return ended
 
 
 def log_params(params: Mapping[str, Any], run_id: str | None = None, prefix: str = "") -> None:

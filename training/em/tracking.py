@@ -36,11 +36,15 @@ def _runs(root: str | Path) -> dict[str, str]:
 
 def ensure_run(root: str | Path, key: str, name: str, experiment: str, parent: str | None = None,
                tags: dict[str, str] | None = None) -> str:
-    """Return the run id stored under ``key`` in the experiment dir, creating the run (nested under ``parent``)."""
+    """Return the run id stored under ``key`` in the experiment dir, creating the run (nested under ``parent``).
+
+    A reattached run is set ``RUNNING`` again and re-tagged with the current orchestrator run (``infra.links``): the
+    flow run now driving it is the one whose final state ends it (``tasks.run_status``)."""
     with _LOCK:
         runs = _runs(root)
         if key in runs:
             tracking.client().update_run(runs[key], status="RUNNING")
+            tracking.set_tags(links.link_tags(), run_id=runs[key])
             return runs[key]
         tracking.configure(experiment)
         client = tracking.client()

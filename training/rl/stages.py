@@ -22,7 +22,7 @@ from evaluation.metrics import ScoreTable
 from infra import artifacts
 from infra.config import config_hash
 from infra.registry import RegisteredCheckpoint
-from infra.tracking import child_run
+from infra.tracking import create_run
 from retrieval.open import open_searcher
 from training.generation.models import resolve_policy
 from training.generation.spec import open_generator
@@ -279,9 +279,9 @@ def bucket_data(cfg: RLConfig, data: RLDataRef, model: str, out_uri: str) -> RLD
 
 
 def open_parent_run(cfg: RLConfig) -> str:
-    """Create the experiment's parent MLflow run (params = the preset) and return its id."""
-    with child_run(None, f"rl-{cfg.name}", cfg.model_dump(mode="json"), tags={"searchloop.flow": "rl_finetune"}) as run:
-        return run.info.run_id
+    """Create the experiment's parent MLflow run (params = the preset), left ``RUNNING`` and not activated: the
+    flow's state hooks end it (``tasks.run_status``); returns its id."""
+    return create_run(f"rl-{cfg.name}", tags={"searchloop.flow": "rl_finetune"}, params=cfg.model_dump(mode="json"))
 
 
 def log_stage(ref: CheckpointRef) -> None:

@@ -49,12 +49,12 @@ def open_searcher(cfg: SmartSearchConfig) -> Any:
 
 
 def open_parent_run(cfg: SmartSearchConfig) -> str:
-    """The curriculum's parent MLflow run (params = the preset, secrets excluded); returns its id."""
-    from infra.tracking import child_run
+    """Create the curriculum's parent MLflow run (params = the preset, secrets excluded), left ``RUNNING`` and not
+    activated: the flow's state hooks end it (``tasks.run_status``); returns its id."""
+    from infra.tracking import create_run
 
-    with child_run(None, f"smartsearch-{cfg.name}", cfg.model_dump(mode="json", exclude={"endpoint": {"api_key_env"}}),
-                   tags={"searchloop.flow": "smartsearch_curriculum"}) as run:
-        return run.info.run_id
+    return create_run(f"smartsearch-{cfg.name}", tags={"searchloop.flow": "smartsearch_curriculum"},
+                      params=cfg.model_dump(mode="json", exclude={"endpoint": {"api_key_env"}}))
 
 
 def log_stage(result: StageResult) -> None:
