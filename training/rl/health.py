@@ -26,6 +26,7 @@ import math
 import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -325,8 +326,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("folders", nargs="+", help="evidence folders (docs/results/learning/<recipe>)")
     parser.add_argument("--window", type=int, default=5, help="training steps a condition is averaged over")
     args = parser.parse_args(argv)
+    folders = list(args.folders)
+    if len(folders) > 1:  # a glob (docs/results/learning/*/) also matches tables and runs stopped before RL
+        skipped = [f for f in folders if not (Path(f) / "heldout_final.jsonl").exists()]
+        for f in skipped:
+            print(f"skipped {f.rstrip('/')}: no heldout_final.jsonl (not a finished learning run)", file=sys.stderr)
+        folders = [f for f in folders if f not in skipped] or folders[:1]  # none left: report the first's error
     try:
-        results = check_folders(args.folders, HealthConfig(window=args.window))
+        results = check_folders(folders, HealthConfig(window=args.window))
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -164,6 +164,17 @@ def test_cli_prints_the_table_and_exits_1_when_an_alarm_fires(capsys) -> None:
     assert main([str(LEARNING)]) == 2, "not an evidence folder"
 
 
+def test_cli_on_the_documented_glob_skips_folders_that_are_not_finished_runs(capsys) -> None:
+    """`python -m training.rl.health docs/results/learning/*/` (README) also matches search_value/ (a table) and
+    runs the start gate stopped before RL: they are skipped with a line, the rest is checked."""
+    folders = sorted(str(p) + "/" for p in LEARNING.iterdir() if p.is_dir())
+    assert any(not (Path(f) / "heldout_final.jsonl").exists() for f in folders)
+    assert main(folders) == 1  # searchr1_grpo fires
+    captured = capsys.readouterr()
+    assert "skipped " in captured.err and "search_value: no heldout_final.jsonl" in captured.err
+    assert "searchr1_grpo | heldout_final: 0" in captured.out
+
+
 def test_report_learning_records_alarms(tmp_path) -> None:
     from training.agent.heldout import report_learning
 
