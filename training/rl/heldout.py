@@ -283,6 +283,20 @@ def heldout_curve_callback(cfg: Any, out_dir: str) -> Any:
     return HeldoutCurve()
 
 
+def format_failures(cfg: Any, rows: list[dict[str, Any]]) -> str:
+    """Why the held-out rows that are not format-ok ended, against the budget that ended them: e.g. "failures: 42
+    out of generation passes (max_turns 2), 13 at the token budget (eval.max_new_tokens 96)"."""
+    reasons = {"max_turns": f"out of generation passes (max_turns {cfg.stages[-1].max_turns})",
+               "length": f"at the token budget (eval.max_new_tokens {cfg.eval.max_new_tokens})"}
+    counts: dict[str, int] = {}
+    for r in rows:
+        if not r.get("format_ok"):
+            why = r.get("finish_reason") or "unknown"
+            counts[why] = counts.get(why, 0) + 1
+    parts = [f"{n} {reasons.get(why, f'ended by {why}')}" for why, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return "failures: " + (", ".join(parts) or "none")
+
+
 def check_start_policy(cfg: Any, path: str) -> str | None:
     """The start-policy gate (``eval.start_min_format_ok``): None when the policy RL starts from answers in the
     protocol's format on enough held-out questions, else the reason; tagged on the active MLflow run, and raised
@@ -298,8 +312,9 @@ def check_start_policy(cfg: Any, path: str) -> str | None:
     if rate >= floor:
         return None
     reason = (f"start policy format-ok on {rate:.0%} of {len(rows)} held-out questions, under "
-              f"eval.start_min_format_ok={floor:.0%}: RL would spend its updates on format, not answers. Solve "
-              f"format in warm-up (more init.warmup.sft steps or rows), or set eval.start_min_format_ok=null")
+              f"eval.start_min_format_ok={floor:.0%}: RL would spend its updates on format, not answers. "
+              f"{format_failures(cfg, rows)}. Solve format in warm-up (more init.warmup.sft steps or rows, or "
+              f"a budget the warm-up's trajectories fit), or set eval.start_min_format_ok=null")
     from infra.tracking import active_run_id
 
     if active_run_id() is not None:  # a library call without a run only logs (set_tags would start a run)

@@ -13,8 +13,10 @@ from training.rl.health import TrainingHealthError
 from training.rl.heldout import check_start_policy
 
 
-def _cfg(floor: float | None, gate: str) -> SimpleNamespace:
-    return SimpleNamespace(eval=SimpleNamespace(start_min_format_ok=floor, start_gate=gate))
+def _cfg(floor: float | None, gate: str, max_turns: int = 2, max_new_tokens: int = 96) -> SimpleNamespace:
+    return SimpleNamespace(eval=SimpleNamespace(start_min_format_ok=floor, start_gate=gate,
+                                                max_new_tokens=max_new_tokens),
+                           stages=[SimpleNamespace(max_turns=max_turns)])
 
 
 def _rows(tmp_path, ok: int, n: int) -> str:
@@ -50,3 +52,17 @@ def test_config_fields_validate() -> None:
     assert EvalSpec().start_min_format_ok == 0.9 and EvalSpec().start_gate == "warn"
     with pytest.raises(ValueError):
         EvalSpec(start_gate="halt")
+
+
+@pytest.mark.parametrize(("attempt", "max_turns", "expected"), [
+    ("searchr1_grpo_try2", 2, "failures: 42 out of generation passes (max_turns 2), 13 at the token budget "
+                              "(eval.max_new_tokens 96)"),
+    ("searchr1_grpo_try3", 3, "failures: 73 at the token budget (eval.max_new_tokens 96)"),
+])
+def test_the_gate_says_which_budget_ended_the_failures(attempt: str, max_turns: int, expected: str) -> None:
+    """Session 13's Search-R1 attempts 2 and 3 were stopped by the gate; the reason names what ended the failing
+    trajectories (the diagnosis that decided attempts 3 and 4), from the committed start rows."""
+    rows = f"docs/results/learning/{attempt}/heldout_start.jsonl"
+    with pytest.raises(TrainingHealthError, match=r"format-ok on (74|65)% of 210") as err:
+        check_start_policy(_cfg(0.9, "stop", max_turns=max_turns), rows)
+    assert expected in str(err.value)
