@@ -1,0 +1,144 @@
+"""Held-out evaluation speed of an RL learning preset (issue 26 item 2): today's settings against candidates, one run.
+
+The workload is the preset's own held-out evaluation (``training.rl.heldout``: its questions, protocol, retriever
+over ``eval.corpus``, greedy rollouts with its turn and token budgets), cut to ``--limit`` questions taken evenly
+from the 210. Each variant changes only the generator's settings and runs the same questions:
+
+- ``today``: ``eval.generator`` as the preset has it (the baseline, measured in the same run);
+- ``batch64``: 64 prompts per forward batch (the rollout loop already sorts each call's prompts into length
+  buckets; a bigger batch fills the cores better when turns are short);
+- ``fp32``: float32 weights — the numerical reference: with ``dtype: auto`` the preset runs bf16 where the CPU has
+  native bf16 (avx512_bf16 / amx), and this variant says how many greedy answers bf16 changes;
+- ``vllm``: the offline vLLM engine in ``.venv-vllm`` (skipped without it).
+
+Printed per variant: seconds, trajectories/s, generated tokens/s, the ratio to ``today`` (target: >= 2x with
+identical greedy outputs), and how many final answers and token streams equal ``today``'s (and ``fp32``'s), with
+the machine record (dtype, CPU flags, threads, load). Example (quiet machine, about 10 minutes)::
+
+    PYTHONPATH=. python benchmarks/heldout_eval.py --preset searchr1_learn_cpu --limit 60 \\
+        --variants today,batch64,fp32 --out docs/results/engines/heldout_eval.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+VARIANTS = ("today", "batch64", "fp32", "vllm")
+
+
+def variant_generator(base: Any, name: str) -> Any | None:
+    """The generator spec of a variant (``today`` is the preset's); None when it cannot run here."""
+    if name == "today":
+        return base
+    if name == "batch64":
+        return base.model_copy(update={"batch_size": 64})
+    if name == "fp32":
+        return base.model_copy(update={"dtype": "float32"})
+    if name == "vllm":
+        if not (REPO / ".venv-vllm" / "bin" / "python").exists():
+            return None
+        return base.model_copy(update={"backend": "vllm"})
+    raise SystemExit(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
+
+
+def spread(items: list[Any], n: int) -> list[Any]:
+    """``n`` items taken evenly across ``items`` (all of them when n >= len)."""
+    if n >= len(items):
+        return list(items)
+    return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)] if n > 1 else items[:1]
+
+
+def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher: Any) -> dict[str, Any]:
+    """Load the variant's generator (not timed), roll out once, return timings and the trajectories."""
+    from training.agent.evaluate import open_generator
+    from training.agent.rollout import run_rollouts
+
+    t0 = time.perf_counter()
+    generator = open_generator(spec)
+    load_s = time.perf_counter() - t0
+    run_rollouts(questions[:2], ecfg.protocol, generator, searcher, ecfg.rollout)  # warm-up: kernels, caches
+    t0 = time.perf_counter()
+    trajs = run_rollouts(questions, ecfg.protocol, generator, searcher, ecfg.rollout)
+    seconds = time.perf_counter() - t0
+    close = getattr(generator, "close", None)
+    if close is not None:
+        close()
+    tokens = sum(sum(t.loss_mask) for t in trajs)  # generated (trained-on) tokens of the responses
+    return {"variant": name, "load_s": load_s, "seconds": seconds, "trajs": trajs, "tokens": tokens,
+            "dtype": spec.dtype, "batch_size": spec.batch_size, "backend": spec.backend}
+
+
+def same(a: list[Any], b: list[Any]) -> tuple[int, int]:
+    """(equal final answers, equal responses) between two runs of the same questions."""
+    return (sum(x.final_answer == y.final_answer for x, y in zip(a, b, strict=True)),
+            sum(x.response == y.response for x, y in zip(a, b, strict=True)))
+
+
+def report(results: list[dict[str, Any]], machine: dict[str, Any], n: int) -> str:
+    base = results[0]
+    ref = next((r for r in results if r["variant"] == "fp32"), None)
+    lines = [f"Held-out evaluation, {n} questions, machine: {json.dumps(machine)}", "",
+             "| variant | backend | dtype | batch | load s | eval s | traj/s | gen tok/s | x today | same answers as "
+             "today | same responses as today | same answers as fp32 |", "|---" * 12 + "|"]
+    for r in results:
+        ans, resp = same(base["trajs"], r["trajs"])
+        vs32 = f"{same(ref['trajs'], r['trajs'])[0]}/{n}" if ref is not None else "-"
+        lines.append(f"| {r['variant']} | {r['backend']} | {r['dtype']} | {r['batch_size']} | {r['load_s']:.1f} | "
+                     f"{r['seconds']:.1f} | {n / r['seconds']:.3f} | {r['tokens'] / r['seconds']:.1f} | "
+                     f"{base['seconds'] / r['seconds']:.2f}x | "
+                     f"{ans}/{n} | {resp}/{n} | {vs32} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(REPO))
+    from flows.specs import resolve
+    from infra.machine import describe
+    from training.agent.evaluate import open_searcher
+    from training.generation.models import resolve_policy
+    from training.rl.heldout import eval_config, heldout_questions
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="searchr1_learn_cpu", help="an rl-finetune preset with eval.benchmarks")
+    parser.add_argument("--model", default=None, help="policy to evaluate (default: the preset's base model)")
+    parser.add_argument("--limit", type=int, default=60, help="held-out questions, spread over the preset's set")
+    parser.add_argument("--variants", default="today,batch64,fp32", help=f"comma list from {VARIANTS}; today first")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of the transformers variants")
+    parser.add_argument("--out", default=None, help="also write the markdown report here")
+    args = parser.parse_args(argv)
+
+    cfg = resolve("rl-finetune", args.preset, [])
+    ecfg = eval_config(cfg, resolve_policy(args.model or cfg.model))
+    if args.threads is not None:
+        ecfg = ecfg.model_copy(update={"generator": ecfg.generator.model_copy(update={"threads": args.threads})})
+    names = [v for v in args.variants.split(",") if v]
+    if not names or names[0] != "today":
+        raise SystemExit("--variants must start with today (the baseline of the ratios)")
+    questions = spread(heldout_questions(cfg), args.limit)
+    searcher = open_searcher(ecfg.retrieval)
+    results = []
+    for name in names:
+        spec = variant_generator(ecfg.generator, name)
+        if spec is None:
+            print(f"{name}: skipped (.venv-vllm not built: make vllm-env)", file=sys.stderr)
+            continue
+        print(f"{name}: running {len(questions)} questions ...", file=sys.stderr, flush=True)
+        results.append(run_variant(name, spec, ecfg, questions, searcher))
+    machine = describe(dtype=ecfg.generator.dtype, preset=args.preset, questions=len(questions),
+                       max_new_tokens=ecfg.rollout.max_total_tokens, max_turns=ecfg.rollout.max_turns,
+                       top_k=ecfg.rollout.top_k)
+    text = report(results, machine, len(questions))
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
