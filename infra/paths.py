@@ -47,6 +47,16 @@ def repo_path(ref: str | os.PathLike[str]) -> Path:
     return path if path.is_absolute() else REPO_ROOT / path
 
 
+def home_relative(path: str | os.PathLike[str] | None) -> str | None:
+    """A path of the data home written as ``$SEARCHLOOP_HOME/...`` (what a record committed to the repository
+    shows instead of this machine's absolute path); other values unchanged."""
+    if path is None:
+        return None
+    home = str(get_settings().home).rstrip("/")
+    text = str(path)
+    return "$SEARCHLOOP_HOME" + text[len(home):] if text == home or text.startswith(home + "/") else text
+
+
 def experiment_root(loop: str, name: str, key: str) -> Path:
     """The one experiment-directory rule: ``<runs_dir>/<loop>/<name>-<key>`` (``key``: the config's short hash, so
     the same preset + overrides give the same directory and a re-run resumes from the stages' manifests)."""

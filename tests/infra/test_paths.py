@@ -54,3 +54,12 @@ def test_shared_prefix_in_em_question_sources(shared) -> None:
     qs = load_questions([QuestionSource(path="shared:eval/toy_dev.jsonl"), QuestionSource(path="hotpotqa_mini",
                                                                                          limit=2)])
     assert [q.id for q in qs][0] == "1" and len(qs) == 3
+
+
+def test_home_relative_hides_this_machines_home_in_committed_records() -> None:
+    from infra.paths import home_relative
+
+    home = get_settings().home
+    assert home_relative(home / "runs" / "rl" / "x" / "model") == "$SEARCHLOOP_HOME/runs/rl/x/model"
+    assert home_relative(f"{home}-other/model") == f"{home}-other/model"  # a sibling folder is not the home
+    assert home_relative("smollm2") == "smollm2" and home_relative(None) is None

@@ -191,7 +191,7 @@ def write_learning_report(cfg: Any, start: str, final: str, ckpts: list[Any], da
     """The paired start-vs-final report of the recipe: evidence folder in ``out_uri`` (copied to
     ``eval.evidence_dir``), plots, MLflow artifacts under ``learning/`` of the active run, and the health alarms
     (the stages' ``alarms.json`` from training plus the held-out rows' and curve's, ``health:`` thresholds)."""
-    from infra.paths import repo_path
+    from infra.paths import home_relative, repo_path
     from infra.tracking import active_run_id
     from training.agent.alarms import Alarm
     from training.agent.heldout import report_learning, summary_table
@@ -208,7 +208,8 @@ def write_learning_report(cfg: Any, start: str, final: str, ckpts: list[Any], da
         evidence_dir=str(repo_path(cfg.eval.evidence_dir)) if cfg.eval.evidence_dir else None,
         mlflow_run_id=run_id, alarm_config=cfg.health, alarm_window=cfg.health.window,
         training_alarms=trained,
-        steps=[c.steps for c in ckpts], start_model=start_meta.get("model"), final_model=ckpts[-1].uri,
+        steps=[c.steps for c in ckpts], start_model=home_relative(start_meta.get("model")),
+        final_model=home_relative(ckpts[-1].uri),
         heldout_seconds={"start": start_meta.get("seconds"), "final": final_meta.get("seconds")})
     for c in ckpts:  # the stages' own training-health plots next to the evidence
         for name in ("health.png", "curve.png"):
