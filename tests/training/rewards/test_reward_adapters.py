@@ -97,5 +97,5 @@ def test_reward_options_reach_the_trl_reward_and_typos_are_refused() -> None:
 def test_reward_options_are_refused_on_verl() -> None:
     from flows.specs import resolve
 
-    with pytest.raises(Exception, match="reward_options, which only engine=trl"):
+    with pytest.raises(ConfigError, match="reward_options, which only engine=trl"):
         resolve("rl-finetune", "searchr1_grpo", ["stages.grpo.reward_options={retrieval_score: 0.1}"])
