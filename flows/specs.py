@@ -97,6 +97,15 @@ def _plan_demo(cfg: Any) -> list[str]:
     return steps
 
 
+def _check_rl(cfg: Any) -> None:
+    """What the RL config's own validation cannot see without importing the rewards: each stage's reward_options
+    against its score function (a typo fails at load, in ``--dry-run`` too, not inside the run)."""
+    from training.rewards.adapters import check_reward_options
+
+    for stage in cfg.stages:
+        check_reward_options(stage.reward, stage.reward_options)
+
+
 @dataclass(frozen=True)
 class FlowSpec:
     """A user-facing flow: its name (CLI, Prefect, deployment), config model, default preset and plan."""
@@ -106,6 +115,7 @@ class FlowSpec:
     default_preset: str
     plan: Callable[[Any], list[str]]
     summary: str
+    check: Callable[[Any], None] | None = None  # further checks of a loaded config (raise ConfigError)
 
     def model(self) -> type[StrictModel]:
         """The flow's config model class."""
@@ -122,7 +132,7 @@ FLOWS: dict[str, FlowSpec] = {s.name: s for s in (
     FlowSpec("em-loop", "training.em.config:EMLoopConfig", "exsearch_cpu_demo", _plan_em_loop,
              "ExSearch EM: warm-up SFT, then sample/score/select/train/evaluate"),
     FlowSpec("rl-finetune", "training.rl.config:RLConfig", "research_grpo_cpu_demo", _plan_rl,
-             "RL fine-tuning with search in the loop (TRL or verl)"),
+             "RL fine-tuning with search in the loop (TRL or verl)", _check_rl),
     FlowSpec("smartsearch-curriculum", "training.smartsearch.config:SmartSearchConfig", "smartsearch_cpu_demo",
              _plan_smartsearch, "SmartSearch: screened SFT -> DPO -> query-aware GRPO"),
     FlowSpec("demo", "flows.flow_configs:DemoConfig", "demo", _plan_demo,
@@ -308,6 +318,8 @@ def resolve(flow: str, preset: str | None, overrides: Iterable[str]) -> StrictMo
     problems = check_inputs(cfg)
     if problems:
         raise ConfigError(problem_list(problems, "input path error"))
+    if spec.check is not None:
+        spec.check(cfg)
     if flow == "demo":  # the demo's presets are other flows' presets: check them the same way
         for p in cfg.index_presets:  # type: ignore[attr-defined]
             resolve("build-index", p, [])

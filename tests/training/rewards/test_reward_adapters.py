@@ -99,3 +99,12 @@ def test_reward_options_are_refused_on_verl() -> None:
 
     with pytest.raises(ConfigError, match="reward_options, which only engine=trl"):
         resolve("rl-finetune", "searchr1_grpo", ["stages.grpo.reward_options={retrieval_score: 0.1}"])
+
+
+def test_a_reward_option_typo_fails_when_the_config_loads() -> None:
+    """Caught by flows.specs.resolve (CLI --dry-run included), before any task runs."""
+    from flows.specs import resolve
+
+    assert resolve("rl-finetune", "searchr1_learn_cpu", []).stages[0].reward_options == {"retrieval_score": 0.1}
+    with pytest.raises(ConfigError, match=r"no option\(s\) \['retreival_score'\]"):
+        resolve("rl-finetune", "searchr1_learn_cpu", ["stages.grpo.reward_options={retreival_score: 0.1}"])
