@@ -47,10 +47,25 @@ def _running_step(parent_id: str, attempt: int):
     return run if busy and run.infrastructure_pid and _heartbeats(run.id) else None
 
 
-def _kill_when_busy(parent_id: str, attempt: int):
+def _where_things_are(parent_id: str) -> str:
+    """The parent's and its step runs' states and the parent's task runs, for a timeout message (CI once waited 300 s
+    for step #2 with nothing else to go on)."""
+    parent = flow_run(parent_id)
+    steps = [(r.name, r.state.name if r.state else None, str(r.created), r.infrastructure_pid)
+             for r in _step_runs(parent_id)]
+    tasks = [(t.name, t.state.name if t.state else None, t.run_count) for t in task_runs(parent_id)]
+    return f"parent {parent.state.name if parent.state else None}; step runs {steps}; parent task runs {tasks}"
+
+
+def _kill_when_busy(parent_id: str, attempt: int, worker_log: Path):
     """Wait for the attempt's step to compute for a moment (not mid-request: SQLite-backed servers stall on a
     client killed inside a write), then return it."""
-    run = wait_for(lambda: _running_step(parent_id, attempt), 300, f"dispatched step #{attempt} to run")
+    try:
+        run = wait_for(lambda: _running_step(parent_id, attempt), 480, f"dispatched step #{attempt} to run")
+    except AssertionError as exc:
+        tail = worker_log.read_text(errors="replace").splitlines()[-25:] if worker_log.exists() else []
+        raise AssertionError(f"{exc}: {_where_things_are(parent_id)}; gpu worker log tail:\n" + "\n".join(tail)) \
+            from None
     time.sleep(2)
     assert flow_run(str(run.id)).state.type.value == "RUNNING", f"step #{attempt} ended before it could be killed"
     return run
@@ -87,6 +102,7 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
     params = {"preset": "index_mini_dense", "overrides": [
         "name=dispatch-kill", f"output_dir={tmp_path / 'index'}", "evaluate=false", f"index.corpus={corpus}",
         f"index.shard_size={N_PASSAGES}", "index.encoder.max_length=256"]}
+    worker_log = proc.log_file(ops_stack.cfg.run_dir, gpu_worker.name)
     t0 = time.monotonic()
     with ops_stack.client_env():
         pool_env = {"env": {"SEARCHLOOP_DISPATCH": "pool"}}
@@ -94,7 +110,7 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
         say(f"parent flow run {run_id} submitted to build-index/default (cpu pool) with SEARCHLOOP_DISPATCH=pool")
 
         # attempt 1: kill -9 the process executing the step; the gpu worker reports it Crashed
-        step = _kill_when_busy(run_id, 1)
+        step = _kill_when_busy(run_id, 1, worker_log)
         pid = int(step.infrastructure_pid.rsplit(":", 1)[-1])  # set by the process worker
         os.kill(pid, signal.SIGKILL)
         worker = step.labels["prefect.worker.name"]
@@ -103,7 +119,7 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
         say(f"{time.monotonic() - t0:5.1f}s step run {first.name}: {first.state.name}: {first.state.message}")
 
         # attempt 2 (the embed task's first retry): kill -9 the whole gpu worker with its child, restart it
-        step2 = _kill_when_busy(run_id, 2)
+        step2 = _kill_when_busy(run_id, 2, worker_log)
         info = proc.read_info(ops_stack.cfg.run_dir, gpu_worker.name)
         proc.kill_service(info)
         say(f"{time.monotonic() - t0:5.1f}s kill -9 process group {info.pid}: gpu worker and step run {step2.name}")

@@ -5,9 +5,10 @@ prompts with the chat template itself, so multi-turn continuation works); prompt
 one batched request. ``mode="chat"`` sends each prompt as a single user message to ``/chat/completions`` (single
 turn only, e.g. judges). With a seed, each prompt goes in its own request with the seed ``derive_seed(seed, i)``
 (a server applies one request's seed to every prompt in it, so K copies of a question would come back identical);
-the requests run concurrently and the server batches them. vLLM extensions (stop string kept in the output, token
-ids) are requested when ``vllm_extras`` is on; ``stop_reason`` (vLLM) or ``matched_stop`` (SGLang) tells a stop
-string from EOS.
+the requests run concurrently and the server batches them (the same seeds give the same samples only when the
+server batches them the same way: vLLM is not batch-invariant; ``max_concurrency=1`` replays exactly). vLLM
+extensions (stop string kept in the output, token ids) are requested when ``vllm_extras`` is on; ``stop_reason``
+(vLLM) or ``matched_stop`` (SGLang) tells a stop string from EOS.
 """
 
 from __future__ import annotations
