@@ -148,7 +148,7 @@ def test_warmup_keeps_only_trajectories_a_rollout_can_produce(smol_tokenizer) ->
     kept, dropped = fit_rollout_budget(rows, smol_tokenizer, per_step=20, total=30)
     assert kept == rows[:1] and dropped == 2
     cfg = load_config(RLConfig, "searchr1_learn_cpu")
-    assert rollout_budget(cfg) == (64, 192)  # (max_tokens_per_turn, max_completion_length) of its GRPO stage
+    assert rollout_budget(cfg) == (192, 192)  # (per-step, per-trajectory) of its GRPO stage: no per-step cap of ours
     off = load_config(RLConfig, "searchr1_learn_cpu", ["init.fit_rollout_budget=false"])
     assert rollout_budget(off) is None and warmup_root(off) != warmup_root(cfg)
 
