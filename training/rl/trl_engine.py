@@ -19,10 +19,13 @@ same ``seed`` reproduces them, and a resumed run continues with the seeds of the
 Cost switches (``TRLSearchConfig``): ``lora_rank`` trains LoRA adapters instead of every weight, and the KL
 reference is then the same model with its adapters disabled (TRL's ``disable_adapter()``: no second model in
 memory); ``beta=0`` drops the reference forward pass altogether (TRL builds no reference model); ``precision=bf16``
-runs the policy's forward/backward (accelerate autocast) and the rollouts (``torch.autocast``) in bfloat16, allowed
-only where the hardware has native bf16 (:func:`native_bf16`: a bf16 GPU, or the CPU flags ``avx512_bf16`` /
-``amx_bf16``). :func:`policy_for_saving` merges LoRA adapters back so a stage's ``model/`` is a plain HF folder.
-``benchmarks/grpo_step.py`` measures what each switch saves per step.
+runs the policy's forward/backward in bfloat16 (accelerate autocast), allowed only where the hardware has native bf16
+(:func:`native_bf16`: a bf16 GPU, or the CPU flags ``avx512_bf16`` / ``amx_bf16``). The rollouts generate with
+:func:`rollout_policy`: LoRA adapters merged into the weights for the call (an unmerged adapter adds two small
+matmuls per layer and token), and with bf16 a bfloat16 copy of the weights (autocast re-casts every fp32 weight at
+every token: rollouts ran 2x slower than fp32 on this CPU; a copy costs one cast per step). The loss still scores
+the sampled tokens with the training policy. :func:`policy_for_saving` merges LoRA adapters back so a stage's
+``model/`` is a plain HF folder. ``benchmarks/grpo_step.py`` measures what each switch saves per step.
 
 Rewards are TRL ``reward_funcs`` (plain functions); they receive the rollout's full response text (generated +
 inserted) as ``completions`` and per-row extras (``finish_reason``, ``num_searches``, ``format_ok``). Search
@@ -31,8 +34,10 @@ statistics are logged with TRL's metrics (``search/*``), which the health callba
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +131,35 @@ def policy_for_saving(model: Any) -> Any:
     return model
 
 
+@contextlib.contextmanager
+def rollout_policy(model: Any, bf16: bool = False) -> Iterator[Any]:
+    """The model the rollouts generate with, for the duration of a ``with`` block (call under ``torch.no_grad``).
+
+    A full fine-tune in fp32 generates with ``model`` itself. A peft (LoRA) policy has its adapters merged into the
+    base weights inside the block and unmerged on exit, and generates with the merged base model. With ``bf16`` the
+    (merged) weights are copied once to bfloat16 and the copy generates; the live policy is not cast.
+    """
+    import torch
+
+    peft = hasattr(model, "merge_adapter") and hasattr(model, "get_base_model")
+    if peft:
+        model.merge_adapter()
+    try:
+        base = model.get_base_model() if peft else model
+        if not bf16:
+            yield base
+            return
+        fast = copy.deepcopy(base).to(torch.bfloat16)
+        fast.eval()
+        try:
+            yield fast
+        finally:
+            del fast
+    finally:
+        if peft:
+            model.unmerge_adapter()
+
+
 def _pad_right(seqs: Sequence[Sequence[int]], width: int, value: int = 0) -> list[list[int]]:
     return [list(s) + [value] * (width - len(s)) for s in seqs]
 
@@ -164,13 +198,11 @@ def _make_trainer_class() -> type:
                 raise RuntimeError("search rollouts need the batch rows; call through _generate_and_score_completions")
             was_training = self.model.training
             self.model.eval()
-            bf16 = torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16,
-                                  enabled=bool(self.args.bf16))
             try:
-                with torch.no_grad(), bf16:
+                policy = self.accelerator.unwrap_model(self.model)
+                with torch.no_grad(), rollout_policy(policy, bf16=bool(self.args.bf16)) as generator_model:
                     seed = self.rollout_seeds.next(self.state.global_step)
-                    samples = self.rollout_fn(rows, self.accelerator.unwrap_model(self.model), self.processing_class,
-                                              seed=seed)
+                    samples = self.rollout_fn(rows, generator_model, self.processing_class, seed=seed)
             finally:
                 self.model.train(was_training)
             if len(samples) != len(rows):

@@ -127,3 +127,49 @@ def test_rollout_answers_reach_the_health_alarms(tiny_model, tmp_path) -> None:
     assert log["search/top_answer_share"] == pytest.approx(1.0)  # both questions' majority answer is "germany"
     assert health.series[-1]["health/copied_answer_rate"] == pytest.approx(0.25)
     assert [a.name for a in health.alarms] == ["copied_answers", "answer_collapse"]
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_rollouts_generate_with_merged_adapters_and_a_bf16_copy(tiny_model, bf16: bool) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from training.rl.trl_engine import rollout_policy
+
+    torch.manual_seed(1)
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
+                            LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    for name, p in policy.named_parameters():
+        if "lora_B" in name:  # B starts at 0 (a no-op adapter): give it weight so merging matters
+            torch.nn.init.normal_(p, std=0.5)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    ids = torch.tensor([[1, 5, 9, 12, 40, 7]])
+    with torch.no_grad():
+        want = policy(input_ids=ids).logits
+        with policy.disable_adapter():
+            assert not torch.allclose(policy(input_ids=ids).logits, want, atol=1e-3)  # the adapters matter
+        with rollout_policy(policy, bf16=bf16) as gen:
+            layers = [m for m in gen.modules() if hasattr(m, "merged") and hasattr(m, "lora_A")]
+            assert layers and all(m.merged for m in layers), "adapters merged: no extra matmuls per token"
+            assert next(gen.parameters()).dtype == (torch.bfloat16 if bf16 else torch.float32)
+            got = gen(input_ids=ids).logits.float()
+        torch.testing.assert_close(got, want, atol=0.1 if bf16 else 1e-4, rtol=0.05 if bf16 else 1e-4)
+    assert not any(m.merged for m in policy.modules() if hasattr(m, "merged") and hasattr(m, "lora_A"))
+    for n, p in policy.named_parameters():  # the live policy is back as it was: fp32, unmerged, same weights
+        assert p.dtype == torch.float32
+        torch.testing.assert_close(p.detach(), before[n], atol=1e-6, rtol=0)
+
+
+def test_full_finetune_rollouts_use_the_policy_itself_or_a_bf16_copy(tiny_model) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.rl.trl_engine import rollout_policy
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with rollout_policy(policy) as gen:
+        assert gen is policy
+    with rollout_policy(policy, bf16=True) as gen:
+        assert gen is not policy and next(gen.parameters()).dtype == torch.bfloat16
+    assert next(policy.parameters()).dtype == torch.float32
