@@ -145,7 +145,7 @@ def test_answer_collapse_on_recorded_rows_with_the_replicates_collapse() -> None
 
 
 # every evidence folder (one written by report_learning has heldout_final.jsonl; search_value/ is a table, not a run)
-FIRING = {"searchr1_grpo", "searchr1_grpo_try4"}  # the recorded runs whose agent stopped searching
+FIRING = {"searchr1_grpo", "searchr1_grpo_try4", "searchr1_grpo_try5"}  # recorded runs whose agent stopped searching
 OTHERS = sorted(p.name for p in LEARNING.iterdir()
                 if (p / "heldout_final.jsonl").exists() and p.name not in FIRING)
 
@@ -153,6 +153,13 @@ OTHERS = sorted(p.name for p in LEARNING.iterdir()
 def test_search_r1_attempt_4_search_collapse_fires_on_its_heldout_rows() -> None:
     """Session 13's attempt 4 went from 2.01 to 0.995 searches per held-out question: the alarm says so."""
     alarms = evidence_alarms(LEARNING / "searchr1_grpo_try4")
+    [alarm] = [a for a in alarms if a.name == "search_collapse" and a.where == "heldout_final"]
+    assert alarm.value == pytest.approx(209 / 210, abs=0.01) and alarm.value < 0.5 * 2.0095
+
+
+def test_search_r1_attempt_5_search_collapse_fires_on_its_heldout_rows() -> None:
+    """Session 14's attempt 5 (no per-pass cap in training) collapsed the same way: 2.01 -> 0.995."""
+    alarms = evidence_alarms(LEARNING / "searchr1_grpo_try5")
     [alarm] = [a for a in alarms if a.name == "search_collapse" and a.where == "heldout_final"]
     assert alarm.value == pytest.approx(209 / 210, abs=0.01) and alarm.value < 0.5 * 2.0095
 
