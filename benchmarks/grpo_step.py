@@ -11,8 +11,9 @@ preset's model and runs ``--warmup + --steps`` optimizer steps per variant, timi
 - other: the rest of the step (rewards, tokenization, padding, logging).
 
 Variants (each a real ``TRLSearchConfig``): ``today`` (the preset as committed), then cumulatively ``lora`` (LoRA
-rank 16, reference = adapter-disabled policy), ``bf16`` (autocast, only where the CPU has native bf16),
-``beta0`` (no KL term: no reference pass) and ``short`` (max_completion_length and max_tokens_per_turn x 2/3).
+rank 16, reference = adapter-disabled policy), ``bf16`` (forward/backward under autocast, rollouts with a bf16 copy
+of the merged weights; only where the CPU has native bf16), ``beta0`` (no KL term: no reference pass) and
+``short`` (max_completion_length and max_tokens_per_turn x 2/3).
 Prints trajectories trained per minute per variant and its ratio to ``today``, the bf16 vs fp32 log-prob gap on one
 batch, dtype, CPU flags, threads and load. The model is the preset's base model (the warm-up SFT is skipped: the
 step's cost does not depend on it, though trajectory lengths do; the tokens per trajectory are printed).
@@ -192,7 +193,7 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
     for r in results:
         c, p = r["cfg"], r["parts"]
         lines.append(
-            f"| {r['name']} | {'bf16 autocast' if c.precision == 'bf16' else 'fp32'} | "
+            f"| {r['name']} | {'bf16 (autocast train, bf16 copy rollout)' if c.precision == 'bf16' else 'fp32'} | "
             f"{c.lora_rank or 'full'} | {c.beta} | {'yes' if r['ref_model'] else 'no'} | {p['rollout']:.1f} | "
             f"{p['reference forward']:.1f} | {p['policy forward/backward']:.1f} | {p['optimizer']:.2f} | "
             f"{p['other']:.1f} | {r['step_s']:.1f} | {r['tokens_per_traj']:.0f} | {r['traj_per_min']:.1f} | "

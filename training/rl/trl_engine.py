@@ -146,15 +146,7 @@ def rollout_policy(model: Any, bf16: bool = False) -> Iterator[Any]:
         model.merge_adapter()
     try:
         base = model.get_base_model() if peft else model
-        if not bf16:
-            yield base
-            return
-        fast = copy.deepcopy(base).to(torch.bfloat16)
-        fast.eval()
-        try:
-            yield fast
-        finally:
-            del fast
+        yield copy.deepcopy(base).to(torch.bfloat16).eval() if bf16 else base
     finally:
         if peft:
             model.unmerge_adapter()
