@@ -81,6 +81,7 @@ def same(a: list[Any], b: list[Any]) -> tuple[int, int]:
 
 
 def report(results: list[dict[str, Any]], machine: dict[str, Any], n: int) -> str:
+    """The markdown table: per variant its time, rates, ratio to ``today`` and agreement with ``today``/``fp32``."""
     base = results[0]
     ref = next((r for r in results if r["variant"] == "fp32"), None)
     lines = [f"Held-out evaluation, {n} questions, machine: {json.dumps(machine)}", "",
