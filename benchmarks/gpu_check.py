@@ -18,7 +18,11 @@ The retriever in the rollouts is a word-overlap scorer over the shipped mini cor
 the generation side, and BM25/faiss are not installed on a bare GPU machine). Random weights put the logits near
 ties, so ``--init-range`` (default 0.2) widens the initialisation to make greedy picks well separated.
 
-Without CUDA it prints why and exits 0. ``--device cpu --quick`` runs the same code on the CPU (a smoke run).
+Without CUDA it prints why and exits 0. ``--device cpu --quick`` runs the same code on the CPU (a smoke run);
+issue 26 item 1 on this CPU (generation only, both dtypes the rollouts may use)::
+
+    PYTHONPATH=. python benchmarks/gpu_check.py --device cpu --only generation --batches 1,16,64 \
+        --rows-per-batch 1 --decode-tokens 64 --dtype bfloat16 --out docs/results/engines/generation_cpu_bf16.json
 
     python benchmarks/gpu_check.py --out docs/results/engines/gpu_check.json
 """
@@ -194,13 +198,17 @@ def profile_paths(model: Any, tok: Any, device: str, batch: int = 16, new: int =
     return out
 
 
-def bench_generation(model: Any, tok: Any, device: str, quick: bool) -> list[dict[str, Any]]:
+def bench_generation(model: Any, tok: Any, device: str, quick: bool, batches: list[int] | None = None,
+                     decode_tokens: int = 128, rows_per_batch: int | None = None) -> list[dict[str, Any]]:
+    """Ours (prefix cache off / on) against plain ``generate`` on the same prompts, decode- and prefill-heavy, per
+    batch size; ``rows_per_batch`` prompts = batch x it (batch 1: 4 prompts), default 2 (1 with ``quick``)."""
     rows = []
-    shapes = {"decode": 128, "prefill": 16}
-    batches = [1, 16] if quick else [1, 16, 64]
+    shapes = {"decode": decode_tokens, "prefill": 16}
+    batches = batches or ([1, 16] if quick else [1, 16, 64])
+    per = rows_per_batch or (1 if quick else 2)
     for shape, new_tokens in shapes.items():
         for batch in batches:
-            n = 4 if batch == 1 else (batch if quick else 2 * batch)
+            n = 4 if batch == 1 else batch * per
             new = 16 if quick else new_tokens
             prompts = prompts_for(shape, tok, n)
             plain_generate(model, tok, prompts[:min(2, n)], batch, 4)  # warm-up of every kernel shape family
@@ -438,6 +446,11 @@ def main() -> int:
     ap.add_argument("--only", default="generation,profile,profile1,identity,rollouts,encoder,sft,grpo")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                    help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    ap.add_argument("--batches", default=None, help="generation batch sizes, e.g. 1,16,64 (default: 1,16,64)")
+    ap.add_argument("--decode-tokens", type=int, default=128, help="new tokens of the decode-heavy shape")
+    ap.add_argument("--rows-per-batch", type=int, default=None, help="generation prompts per batch size x this")
     args = ap.parse_args()
 
     import torch
@@ -454,7 +467,8 @@ def main() -> int:
         from retrieval.encoders import resolve_model_path
 
         args.minilm_dir = resolve_model_path("minilm")
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    dtype = (getattr(torch, args.dtype) if args.dtype else
+             torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
     if args.device == "cpu":
         torch.set_num_threads(int(os.environ.get("SEARCHLOOP_TORCH_THREADS", "2")))
     results: dict[str, Any] = {"environment": environment(args.device, str(dtype)), "init_range": args.init_range}
@@ -462,7 +476,9 @@ def main() -> int:
     only = set(args.only.split(","))
     model, tok = random_smol(Path(args.smol_dir), dtype, args.device, args.init_range)
     sections: list[tuple[str, Callable[[], Any]]] = [
-        ("generation", lambda: bench_generation(model, tok, args.device, args.quick)),
+        ("generation", lambda: bench_generation(
+            model, tok, args.device, args.quick, [int(b) for b in args.batches.split(",")] if args.batches else None,
+            args.decode_tokens, args.rows_per_batch)),
         ("profile", lambda: profile_paths(model, tok, args.device, 4 if args.quick else 16, 8 if args.quick else 128)),
         ("profile1", lambda: profile_paths(model, tok, args.device, 1, 8 if args.quick else 128)),
         ("identity", lambda: identity_fp32(model, tok, args.device, args.quick)),

@@ -174,6 +174,8 @@ def environment(threads: int) -> dict[str, Any]:
 def report(preset: str, env_before: dict, env_after: dict, results: list[dict], gap: dict | None,
            command: str, warmup: int, steps: int) -> str:
     """The markdown report."""
+    from training.rl.trl_engine import resolved_precision
+
     base = results[0]
     c = base["cfg"]
     lines = [f"# One GRPO step of `{preset}`, profiled (benchmarks/grpo_step.py)", "",
@@ -193,7 +195,7 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
     for r in results:
         c, p = r["cfg"], r["parts"]
         lines.append(
-            f"| {r['name']} | {'bf16 (autocast train, bf16 copy rollout)' if c.precision == 'bf16' else 'fp32'} | "
+            f"| {r['name']} | {'bf16 (autocast train, bf16 copy rollout)' if resolved_precision(c) == 'bf16' else 'fp32'} | "
             f"{c.lora_rank or 'full'} | {c.beta} | {'yes' if r['ref_model'] else 'no'} | {p['rollout']:.1f} | "
             f"{p['reference forward']:.1f} | {p['policy forward/backward']:.1f} | {p['optimizer']:.2f} | "
             f"{p['other']:.1f} | {r['step_s']:.1f} | {r['tokens_per_traj']:.0f} | {r['traj_per_min']:.1f} | "

@@ -32,6 +32,16 @@ def cpu_native_bf16() -> bool:
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
+def native_bf16() -> bool:
+    """Whether bf16 math is native on the device torch trains on: a CUDA device that supports it, else this CPU
+    (:func:`cpu_native_bf16`). Decides ``precision: auto`` (TRL GRPO) and ``bf16: auto`` (SFT)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported())
+    return cpu_native_bf16()
+
+
 def describe(dtype: str | None = None, **workload: Any) -> dict[str, Any]:
     """The record a benchmark prints with its numbers: dtype, speed-relevant CPU flags, native bf16, torch threads,
     cores, load average (1/5/15 min), nice, versions, and the workload shape passed as keywords."""

@@ -50,9 +50,10 @@ class TRLSearchConfig(StrictModel):
         "fine-tune). With beta > 0 the reference is the policy with its adapters disabled (no model copy).")
     lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator (with lora_rank).")
     lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA dropout (with lora_rank).")
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Literal["fp32", "bf16", "auto"] = Field(
         default="fp32", description="bf16: autocast the policy's forward/backward and the rollouts to bfloat16; "
-        "only where the hardware has native bf16 (CPU flags avx512_bf16/amx_bf16, or a bf16 GPU), else an error.")
+        "only where the hardware has native bf16 (CPU flags avx512_bf16/amx_bf16, or a bf16 GPU), else an error. "
+        "auto: bf16 where the hardware has native bf16, fp32 elsewhere (the demo's setting).")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="Completions per forward/backward (gradient accumulation over the step's "
         "prompts_per_step x num_generations); None = the whole step at once. Bounds training memory: 16 ReSearch "

@@ -20,7 +20,8 @@ Cost switches (``TRLSearchConfig``): ``lora_rank`` trains LoRA adapters instead 
 reference is then the same model with its adapters disabled (TRL's ``disable_adapter()``: no second model in
 memory); ``beta=0`` drops the reference forward pass altogether (TRL builds no reference model); ``precision=bf16``
 runs the policy's forward/backward in bfloat16 (accelerate autocast), allowed only where the hardware has native bf16
-(:func:`native_bf16`: a bf16 GPU, or the CPU flags ``avx512_bf16`` / ``amx_bf16``). The rollouts generate with
+(:func:`native_bf16`: a bf16 GPU, or the CPU flags ``avx512_bf16`` / ``amx_bf16``); ``precision=auto`` picks bf16
+there and fp32 elsewhere (:func:`resolved_precision`). The rollouts generate with
 :func:`rollout_policy`: LoRA adapters merged into the weights for the call (an unmerged adapter adds two small
 matmuls per layer and token), and with bf16 a bfloat16 copy of the weights (autocast re-casts every fp32 weight at
 every token: rollouts ran 2x slower than fp32 on this CPU; a copy costs one cast per step). The loss still scores
@@ -95,13 +96,16 @@ class RolloutSeeds:
 
 def native_bf16() -> bool:
     """Whether bf16 math is native here: a CUDA device that supports it, else the CPU flags avx512_bf16/amx_bf16."""
-    import torch
+    from infra.machine import native_bf16 as native
 
-    if torch.cuda.is_available():
-        return bool(torch.cuda.is_bf16_supported())
-    from infra.machine import cpu_native_bf16
+    return native()
 
-    return cpu_native_bf16()
+
+def resolved_precision(cfg: TRLSearchConfig) -> str:
+    """``cfg.precision`` with ``auto`` decided here: ``bf16`` where :func:`native_bf16`, else ``fp32``."""
+    if cfg.precision == "auto":
+        return "bf16" if native_bf16() else "fp32"
+    return cfg.precision
 
 
 def check_precision(cfg: TRLSearchConfig) -> None:
@@ -294,7 +298,7 @@ def grpo_args(cfg: TRLSearchConfig, output_dir: str, report_to: list[str] | None
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
         logging_steps=cfg.logging_steps, seed=cfg.seed, report_to=report_to or [],
         use_cpu=not torch.cuda.is_available(),
-        bf16=cfg.precision == "bf16", fp16=False, gradient_checkpointing=cfg.gradient_checkpointing,
+        bf16=resolved_precision(cfg) == "bf16", fp16=False, gradient_checkpointing=cfg.gradient_checkpointing,
         remove_unused_columns=False,
         dataloader_num_workers=0, disable_tqdm=True, save_only_model=False,
     )

@@ -32,7 +32,13 @@ class SFTConfig(StrictModel):
     per_device_train_batch_size: int = Field(default=2, ge=1, description="Micro-batch size per device.")
     gradient_accumulation_steps: int = Field(default=1, ge=1, description="Micro-batches per optimizer step.")
     max_samples: int | None = Field(default=None, ge=1, description="Cap on training examples (None = all).")
-    bf16: bool = Field(default=False, description="bf16 mixed precision (GPU workers).")
+    bf16: bool | Literal["auto"] = Field(
+        default=False, description="bf16 mixed precision (GPU workers); auto: on where the hardware has native bf16 "
+        "(a bf16 GPU, or the CPU flags avx512_bf16/amx_bf16), off elsewhere.")
+    gradient_checkpointing: bool = Field(
+        default=True, description="Activation checkpointing (LLaMA-Factory's default): recomputes each layer's "
+        "forward in the backward pass, about a quarter more compute for less activation memory; off where memory "
+        "allows (a 135M LoRA on CPU).")
     deepspeed: Literal["none", "z2", "z3"] = Field(default="none", description="DeepSpeed ZeRO stage on GPU workers.")
     nproc_per_node: int = Field(default=1, ge=1, description="Processes (GPUs) per node; >1 launches torchrun.")
     logging_steps: int = Field(default=1, ge=1, description="Log every N steps.")

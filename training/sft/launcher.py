@@ -78,6 +78,15 @@ def deepspeed_config(stage: Literal["z2", "z3"]) -> dict[str, Any]:
     }
 
 
+def sft_bf16(cfg: SFTConfig) -> bool:
+    """``cfg.bf16`` with ``auto`` decided on this machine (the engine subprocess runs here): native bf16 or not."""
+    if cfg.bf16 != "auto":
+        return bool(cfg.bf16)
+    from infra.machine import native_bf16
+
+    return native_bf16()
+
+
 def render_train_args(
     cfg: SFTConfig, model_path: str, dataset_dir: str, output_dir: str, run_name: str = "sft",
     deepspeed_path: str | None = None, dataset: str = DATASET_NAME,
@@ -93,9 +102,11 @@ def render_train_args(
         "per_device_train_batch_size": cfg.per_device_train_batch_size,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps, "learning_rate": cfg.learning_rate,
         "num_train_epochs": cfg.num_train_epochs, "max_steps": cfg.max_steps,
-        "lr_scheduler_type": cfg.lr_scheduler_type, "warmup_ratio": cfg.warmup_ratio, "bf16": cfg.bf16,
+        "lr_scheduler_type": cfg.lr_scheduler_type, "warmup_ratio": cfg.warmup_ratio, "bf16": sft_bf16(cfg),
         "fp16": False, "seed": cfg.seed, "ddp_timeout": 180000000,
     }
+    if not cfg.gradient_checkpointing:
+        args["disable_gradient_checkpointing"] = True
     if cfg.finetuning_type == "lora":
         args |= {"lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "lora_target": cfg.lora_target}
     if cfg.max_samples is not None:

@@ -173,3 +173,19 @@ def test_full_finetune_rollouts_use_the_policy_itself_or_a_bf16_copy(tiny_model)
     with rollout_policy(policy, bf16=True) as gen:
         assert gen is not policy and next(gen.parameters()).dtype == torch.bfloat16
     assert next(policy.parameters()).dtype == torch.float32
+
+
+def test_auto_precision_follows_the_hardware(monkeypatch, tmp_path) -> None:
+    from training.rl import trl_engine
+    from training.rl.config import TRLSearchConfig
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("infra.machine.cpu_flags", lambda: {"avx2", "avx512f"})
+    cfg = TRLSearchConfig(precision="auto")
+    trl_engine.check_precision(cfg)  # auto never refuses
+    assert trl_engine.resolved_precision(cfg) == "fp32"
+    assert not trl_engine.grpo_args(cfg, str(tmp_path)).bf16
+    monkeypatch.setattr("infra.machine.cpu_flags", lambda: {"avx512_bf16"})
+    assert trl_engine.resolved_precision(cfg) == "bf16"
+    assert trl_engine.grpo_args(cfg, str(tmp_path)).bf16
+    assert trl_engine.resolved_precision(TRLSearchConfig(precision="fp32")) == "fp32"

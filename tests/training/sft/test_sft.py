@@ -155,3 +155,13 @@ def test_engine_run_reports_trainer_log_steps_and_times_out(tmp_path) -> None:
     first = next(e.key for e in events if e.name == "sft")
     steps = [e for e in events if e.key == first]
     assert steps[-1].done == 3 and steps[-1].total == 3 and any(0 < e.done < 3 for e in steps)
+
+
+def test_bf16_auto_and_gradient_checkpointing_reach_the_engine(monkeypatch) -> None:
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("infra.machine.cpu_flags", lambda: {"avx2"})
+    args = render_train_args(SFTConfig(bf16="auto", gradient_checkpointing=False), "m", "d", "o")
+    assert args["bf16"] is False and args["disable_gradient_checkpointing"] is True
+    monkeypatch.setattr("infra.machine.cpu_flags", lambda: {"avx512_bf16"})
+    args = render_train_args(SFTConfig(bf16="auto"), "m", "d", "o")
+    assert args["bf16"] is True and "disable_gradient_checkpointing" not in args
