@@ -32,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+BF16_LABEL = "bf16 (autocast train, bf16 copy rollout)"
 REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
 
@@ -195,7 +196,7 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
     for r in results:
         c, p = r["cfg"], r["parts"]
         lines.append(
-            f"| {r['name']} | {'bf16 (autocast train, bf16 copy rollout)' if resolved_precision(c) == 'bf16' else 'fp32'} | "
+            f"| {r['name']} | {BF16_LABEL if resolved_precision(c) == 'bf16' else 'fp32'} | "
             f"{c.lora_rank or 'full'} | {c.beta} | {'yes' if r['ref_model'] else 'no'} | {p['rollout']:.1f} | "
             f"{p['reference forward']:.1f} | {p['policy forward/backward']:.1f} | {p['optimizer']:.2f} | "
             f"{p['other']:.1f} | {r['step_s']:.1f} | {r['tokens_per_traj']:.0f} | {r['traj_per_min']:.1f} | "

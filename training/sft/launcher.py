@@ -78,6 +78,12 @@ def deepspeed_config(stage: Literal["z2", "z3"]) -> dict[str, Any]:
     }
 
 
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def sft_bf16(cfg: SFTConfig) -> bool:
     """``cfg.bf16`` with ``auto`` decided on this machine (the engine subprocess runs here): native bf16 or not."""
     if cfg.bf16 != "auto":
@@ -107,6 +113,8 @@ def render_train_args(
     }
     if not cfg.gradient_checkpointing:
         args["disable_gradient_checkpointing"] = True
+    if args["bf16"] and not _cuda():
+        args["use_cpu"] = True  # transformers refuses bf16 without a GPU unless the run is declared CPU-only
     if cfg.finetuning_type == "lora":
         args |= {"lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "lora_target": cfg.lora_target}
     if cfg.max_samples is not None:

@@ -165,3 +165,4 @@ def test_bf16_auto_and_gradient_checkpointing_reach_the_engine(monkeypatch) -> N
     monkeypatch.setattr("infra.machine.cpu_flags", lambda: {"avx512_bf16"})
     args = render_train_args(SFTConfig(bf16="auto"), "m", "d", "o")
     assert args["bf16"] is True and "disable_gradient_checkpointing" not in args
+    assert args["use_cpu"] is True  # transformers refuses bf16 on a machine without a GPU otherwise
