@@ -9,14 +9,16 @@ from the 210. Each variant changes only the generator's settings and runs the sa
   buckets; a bigger batch fills the cores better when turns are short);
 - ``fp32``: float32 weights — the numerical reference: with ``dtype: auto`` the preset runs bf16 where the CPU has
   native bf16 (avx512_bf16 / amx), and this variant says how many greedy answers bf16 changes;
-- ``vllm``: the offline vLLM engine in ``.venv-vllm`` (skipped without it).
+- ``vllm``: the offline vLLM engine in ``.venv-vllm`` (skipped without it);
+- ``sdpa_steps`` / ``fp32_sdpa_steps``: today's settings (bf16 / fp32) with sdpa attention at every decode step, as
+  the engine ran before it switched decode steps to eager attention on CPU (``training.generation.decode``).
 
 Printed per variant: seconds, trajectories/s, generated tokens/s, the ratio to ``today`` (target: >= 2x with
 identical greedy outputs), and how many final answers and token streams equal ``today``'s (and ``fp32``'s), with
 the machine record (dtype, CPU flags, threads, load). Example (quiet machine, about 10 minutes)::
 
     PYTHONPATH=. python benchmarks/heldout_eval.py --preset searchr1_learn_cpu --limit 60 \\
-        --variants today,batch64,fp32 --out docs/results/engines/heldout_eval.md
+        --variants today,sdpa_steps,fp32,fp32_sdpa_steps --out docs/results/engines/heldout_eval.md
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("today", "batch64", "fp32", "vllm")
+VARIANTS = ("today", "batch64", "fp32", "vllm", "sdpa_steps", "fp32_sdpa_steps")
+#: variants that decode with sdpa attention at every step (the engine before session 15's eager decode steps)
+SDPA_STEPS = ("sdpa_steps", "fp32_sdpa_steps")
 
 
 def variant_generator(base: Any, name: str) -> Any | None:
@@ -38,8 +42,10 @@ def variant_generator(base: Any, name: str) -> Any | None:
         return base
     if name == "batch64":
         return base.model_copy(update={"batch_size": 64})
-    if name == "fp32":
+    if name in ("fp32", "fp32_sdpa_steps"):
         return base.model_copy(update={"dtype": "float32"})
+    if name == "sdpa_steps":
+        return base
     if name == "vllm":
         if not (REPO / ".venv-vllm" / "bin" / "python").exists():
             return None
@@ -59,13 +65,19 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     from training.agent.evaluate import open_generator
     from training.agent.rollout import run_rollouts
 
+    from training.generation import decode
+
     t0 = time.perf_counter()
     generator = open_generator(spec)
     load_s = time.perf_counter() - t0
-    run_rollouts(questions[:2], ecfg.protocol, generator, searcher, ecfg.rollout)  # warm-up: kernels, caches
-    t0 = time.perf_counter()
-    trajs = run_rollouts(questions, ecfg.protocol, generator, searcher, ecfg.rollout)
-    seconds = time.perf_counter() - t0
+    decode.EAGER_DECODE_STEPS = name not in SDPA_STEPS
+    try:
+        run_rollouts(questions[:2], ecfg.protocol, generator, searcher, ecfg.rollout)  # warm-up: kernels, caches
+        t0 = time.perf_counter()
+        trajs = run_rollouts(questions, ecfg.protocol, generator, searcher, ecfg.rollout)
+        seconds = time.perf_counter() - t0
+    finally:
+        decode.EAGER_DECODE_STEPS = True
     close = getattr(generator, "close", None)
     if close is not None:
         close()

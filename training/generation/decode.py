@@ -13,8 +13,9 @@ Sampling matches the generate path's settings: greedy when ``temperature == 0``,
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -139,9 +140,40 @@ def decode(
                 alive = [alive[j] for j in keep]
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             last = last + 1
-            out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=last[:, None],
-                        past_key_values=cache, use_cache=True)
+            with step_attention(model):
+                out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=last[:, None],
+                            past_key_values=cache, use_cache=True)
     return new
+
+
+#: switch for benchmarks (``benchmarks/heldout_eval.py`` variant ``sdpa_steps``): False keeps sdpa for decode steps
+EAGER_DECODE_STEPS = True
+
+
+@contextlib.contextmanager
+def step_attention(model: Any) -> Iterator[None]:
+    """Decode steps on CPU run transformers' ``eager`` attention instead of ``sdpa``; prefill keeps ``sdpa``.
+
+    Measured on a 2-core AVX512-BF16 CPU (SmolLM2-135M, bf16, 600-token prompts, KV cache;
+    ``benchmarks/decode_attention.py``, docs/results/engines/decode_attention.md): one decode step at batch 16 took
+    240 ms with sdpa and 144 ms with eager (padded rows: 294 vs 132; batch 64: 572 vs 273; batch 1: 45 vs 44),
+    while a 16 x 600-token prefill took 9.3 s with sdpa and 17.8 s with eager. Elsewhere (CUDA, or a model loaded
+    with another implementation) nothing changes.
+    """
+    config = getattr(model, "config", None)
+    device = getattr(model, "device", None)
+    if not EAGER_DECODE_STEPS:
+        yield
+        return
+    on_cpu = getattr(device, "type", "") == "cpu"
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not on_cpu:
+        yield
+        return
+    config._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
 
 
 def _hand_over(on_finish: Callable, row: int, j: int, cache: Any, mask: Any, fed: list[int]) -> None:
