@@ -64,7 +64,6 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     """Load the variant's generator (not timed), roll out once, return timings and the trajectories."""
     from training.agent.evaluate import open_generator
     from training.agent.rollout import run_rollouts
-
     from training.generation import decode
 
     t0 = time.perf_counter()

@@ -87,14 +87,12 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (sets the embedded defaults before any engine is imported)."""
     from flows.commands import _quiet
     from infra import progress
-    from infra.memory import fix_mmap_threshold
     from infra.proc import exit_on_sigterm
     from infra.settings import apply_embedded_environment
 
     exit_on_sigterm()  # `kill` stops the services this run started (Prefect's temporary server) with it
     apply_embedded_environment()
     _quiet.install()  # library notices a user cannot act on (the named list in flows/commands/_quiet.py)
-    fix_mmap_threshold()  # long training runs otherwise grow glibc's heap without bound (infra/memory.py)
     progress.register_sink(progress.TerminalSink(), min_interval_s=0.5)
     try:
         app(args=argv, standalone_mode=True)

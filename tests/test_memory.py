@@ -16,7 +16,7 @@ def test_fixed_mmap_threshold_returns_freed_blocks_to_the_os() -> None:
     # stay in RSS when freed below a live one; with the threshold fixed they are mmapped and returned.
     script = textwrap.dedent("""
         import ctypes, sys
-        from infra.memory import fix_mmap_threshold
+        from infra.memory import fix_mmap_threshold, trim_heap
         if sys.argv[1] == "fixed":
             assert fix_mmap_threshold()
         libc = ctypes.CDLL("libc.so.6")
@@ -33,14 +33,17 @@ def test_fixed_mmap_threshold_returns_freed_blocks_to_the_os() -> None:
         before = rss()
         for b in blocks:
             libc.free(b)
+        if sys.argv[1] == "trim":
+            assert trim_heap()
         print(before - rss())
     """)
     freed = {}
-    for mode in ("dynamic", "fixed"):
+    for mode in ("dynamic", "fixed", "trim"):
         out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True)
         freed[mode] = int(out.stdout.strip())
     assert freed["fixed"] > 300 << 20, freed  # all 320 MiB went back to the OS
     assert freed["dynamic"] < freed["fixed"], freed
+    assert freed["trim"] > 300 << 20, freed  # dynamic threshold + malloc_trim(0): the pages go back too
 
 
 def test_peak_rss_reports_this_process_and_children() -> None:

@@ -136,6 +136,9 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     trajs = run_rollouts(questions, ecfg.protocol, open_generator(ecfg.generator), open_searcher(ecfg.retrieval),
                          ecfg.rollout)
     seconds = time.perf_counter() - t0
+    from infra.memory import trim_heap
+
+    trim_heap()  # the generator's tensors are gone; give their heap pages back (infra/memory.py)
     rows = heldout_rows(cfg, trajs, load_tokenizer(resolve_policy(model)))
     write_trajectories(trajs, artifacts.join(out_uri, "trajectories"), protocol=cfg.protocol)
     artifacts.write_jsonl(path, rows)

@@ -1,0 +1,54 @@
+"""Decode steps on CPU run eager attention, prefill sdpa (``training.generation.decode.step_attention``): the switch
+is scoped to the step and restored, and in fp32 the tokens are those of sdpa at every step."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.generation import decode as dec
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(smol_tokenizer):
+    """A 2-layer Llama with SmolLM2's tokenizer and random weights, fp32, sdpa attention."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      eos_token_id=smol_tokenizer.eos_token_id, pad_token_id=smol_tokenizer.pad_token_id,
+                      initializer_range=0.2)
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_switch_is_scoped_to_the_step(tiny_lm) -> None:
+    assert tiny_lm.config._attn_implementation == "sdpa"
+    with dec.step_attention(tiny_lm):
+        assert tiny_lm.config._attn_implementation == "eager"
+    assert tiny_lm.config._attn_implementation == "sdpa"
+    tiny_lm.config._attn_implementation = "eager"  # a model loaded with another implementation is left alone
+    try:
+        with dec.step_attention(tiny_lm):
+            assert tiny_lm.config._attn_implementation == "eager"
+        assert tiny_lm.config._attn_implementation == "eager"
+    finally:
+        tiny_lm.config._attn_implementation = "sdpa"
+
+
+def test_eager_steps_decode_the_same_tokens_as_sdpa_in_fp32(tiny_lm, smol_tokenizer, monkeypatch) -> None:
+    import torch
+
+    prompts = ["Question: who wrote Hamlet?", "Question: which river flows through the city of Vienna, Austria?"]
+    smol_tokenizer.padding_side = "left"
+    enc = smol_tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    runs = {}
+    for eager in (True, False):
+        monkeypatch.setattr(dec, "EAGER_DECODE_STEPS", eager)
+        torch.manual_seed(0)
+        runs[eager] = dec.decode(tiny_lm, enc["input_ids"], enc["attention_mask"], None, [24, 24], smol_tokenizer,
+                                 stops=["</answer>"])
+    assert runs[True] == runs[False]
+    assert all(len(row) == 24 for row in runs[True])
+    assert tiny_lm.config._attn_implementation == "sdpa"
