@@ -11,14 +11,16 @@ from the 210. Each variant changes only the generator's settings and runs the sa
   native bf16 (avx512_bf16 / amx), and this variant says how many greedy answers bf16 changes;
 - ``vllm``: the offline vLLM engine in ``.venv-vllm`` (skipped without it);
 - ``sdpa_steps`` / ``fp32_sdpa_steps``: today's settings (bf16 / fp32) with sdpa attention at every decode step, as
-  the engine ran before it switched decode steps to eager attention on CPU (``training.generation.decode``).
+  the engine ran before it switched decode steps to eager attention on CPU (``training.generation.decode``);
+- ``session14``: the evaluation as the CLI ran it until session 15: sdpa decode steps and glibc's mmap threshold
+  fixed at 128 KiB (``infra.memory``). The threshold cannot be unset, so this variant must come last.
 
 Printed per variant: seconds, trajectories/s, generated tokens/s, the ratio to ``today`` (target: >= 2x with
 identical greedy outputs), and how many final answers and token streams equal ``today``'s (and ``fp32``'s), with
 the machine record (dtype, CPU flags, threads, load). Example (quiet machine, about 10 minutes)::
 
     PYTHONPATH=. python benchmarks/heldout_eval.py --preset searchr1_learn_cpu --limit 60 \\
-        --variants today,sdpa_steps,fp32,fp32_sdpa_steps --out docs/results/engines/heldout_eval.md
+        --variants today,fp32,session14 --out docs/results/engines/heldout_eval.md
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("today", "batch64", "fp32", "vllm", "sdpa_steps", "fp32_sdpa_steps")
+VARIANTS = ("today", "batch64", "fp32", "vllm", "sdpa_steps", "fp32_sdpa_steps", "session14")
 #: variants that decode with sdpa attention at every step (the engine before session 15's eager decode steps)
-SDPA_STEPS = ("sdpa_steps", "fp32_sdpa_steps")
+SDPA_STEPS = ("sdpa_steps", "fp32_sdpa_steps", "session14")
 
 
 def variant_generator(base: Any, name: str) -> Any | None:
@@ -44,7 +46,7 @@ def variant_generator(base: Any, name: str) -> Any | None:
         return base.model_copy(update={"batch_size": 64})
     if name in ("fp32", "fp32_sdpa_steps"):
         return base.model_copy(update={"dtype": "float32"})
-    if name == "sdpa_steps":
+    if name in ("sdpa_steps", "session14"):
         return base
     if name == "vllm":
         if not (REPO / ".venv-vllm" / "bin" / "python").exists():
@@ -69,6 +71,10 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     t0 = time.perf_counter()
     generator = open_generator(spec)
     load_s = time.perf_counter() - t0
+    if name == "session14":  # the CLI fixed glibc's mmap threshold for every flow until session 15 (irreversible)
+        from infra.memory import fix_mmap_threshold
+
+        fix_mmap_threshold()
     decode.EAGER_DECODE_STEPS = name not in SDPA_STEPS
     try:
         run_rollouts(questions[:2], ecfg.protocol, generator, searcher, ecfg.rollout)  # warm-up: kernels, caches
@@ -132,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [v for v in args.variants.split(",") if v]
     if not names or names[0] != "today":
         raise SystemExit("--variants must start with today (the baseline of the ratios)")
+    if "session14" in names and names[-1] != "session14":
+        raise SystemExit("--variants: session14 must come last (it fixes glibc's mmap threshold for the process)")
     questions = spread(heldout_questions(cfg), args.limit)
     searcher = open_searcher(ecfg.retrieval)
     results = []
