@@ -13,7 +13,9 @@ from the 210. Each variant changes only the generator's settings and runs the sa
 - ``sdpa_steps`` / ``fp32_sdpa_steps``: today's settings (bf16 / fp32) with sdpa attention at every decode step, as
   the engine ran before it switched decode steps to eager attention on CPU (``training.generation.decode``);
 - ``session14``: the evaluation as the CLI ran it until session 15: sdpa decode steps and glibc's mmap threshold
-  fixed at 128 KiB (``infra.memory``). The threshold cannot be unset, so this variant must come last.
+  fixed at 128 KiB (``infra.memory``). The threshold cannot be unset, so this variant must come last; and since
+  glibc still serves large requests from heap memory the earlier variants freed, it understates the old cost (a
+  fresh process: 68.6 s vs 36.3 s on the demo preset, docs/results/engines/cpu_session15.md).
 
 Printed per variant: seconds, trajectories/s, generated tokens/s, the ratio to ``today`` (target: >= 2x with
 identical greedy outputs), and how many final answers and token streams equal ``today``'s (and ``fp32``'s), with
