@@ -28,20 +28,28 @@ DEFAULT_THRESHOLD = 128 * 1024  # glibc's own starting value, now fixed
 _applied: int | None = None
 
 
+def _libc() -> ctypes.CDLL | None:
+    """glibc (or the C library) of this Linux process; None elsewhere or when it cannot be found."""
+    if not sys.platform.startswith("linux"):
+        return None
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
 def fix_mmap_threshold(threshold: int = DEFAULT_THRESHOLD) -> bool:
     """Fix glibc's mmap threshold at ``threshold`` bytes for this process; True when applied (Linux glibc only)."""
     global _applied
     if _applied == threshold:
         return True
-    if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
+    libc = _libc()
     try:
-        libc = ctypes.CDLL(name)
-        ok = bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
-    except (OSError, AttributeError):  # musl and other libcs have no mallopt
+        ok = libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
+    except AttributeError:  # musl and other libcs have no mallopt
         return False
     if ok:
         _applied = threshold
@@ -53,14 +61,12 @@ def trim_heap() -> bool:
     """Return the heap's free pages to the OS now (glibc ``malloc_trim(0)``: free chunks anywhere in the heap, not
     only at its top); True when called. For processes that keep glibc's dynamic threshold (fast: tensors are reused
     from the heap) between phases that allocate a lot, e.g. after a held-out evaluation. No-op off glibc."""
-    if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
-    if not name:
+    libc = _libc()
+    if libc is None:
         return False
     try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):
+        libc.malloc_trim(0)
+    except AttributeError:  # musl and other libcs have no malloc_trim
         return False
     return True
 

@@ -121,26 +121,26 @@ def decode(
         out = model(input_ids=input_ids[:, lc:], attention_mask=mask, position_ids=positions[:, lc:],
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         last = positions[:, -1]
-        while alive:
-            tokens = _pick(out.logits[:, -1, :], temperature, top_p)
-            keep = []
-            for j, (row, token) in enumerate(zip(alive, tokens.tolist(), strict=True)):  # one host sync per step
-                new[row].append(token)
-                if check.done(new[row], budgets[row]):
-                    if on_finish is not None:
-                        _hand_over(on_finish, row, j, cache, mask, new[row][:-1])
-                else:
-                    keep.append(j)
-            if not keep:
-                break
-            if len(keep) < len(alive):
-                index = torch.tensor(keep, device=mask.device)
-                cache.batch_select_indices(index)
-                mask, tokens, last = mask[index], tokens[index], last[index]
-                alive = [alive[j] for j in keep]
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            last = last + 1
-            with step_attention(model):
+        with step_attention(model):  # every forward below is a one-token decode step
+            while alive:
+                tokens = _pick(out.logits[:, -1, :], temperature, top_p)
+                keep = []
+                for j, (row, token) in enumerate(zip(alive, tokens.tolist(), strict=True)):  # one host sync per step
+                    new[row].append(token)
+                    if check.done(new[row], budgets[row]):
+                        if on_finish is not None:
+                            _hand_over(on_finish, row, j, cache, mask, new[row][:-1])
+                    else:
+                        keep.append(j)
+                if not keep:
+                    break
+                if len(keep) < len(alive):
+                    index = torch.tensor(keep, device=mask.device)
+                    cache.batch_select_indices(index)
+                    mask, tokens, last = mask[index], tokens[index], last[index]
+                    alive = [alive[j] for j in keep]
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+                last = last + 1
                 out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=last[:, None],
                             past_key_values=cache, use_cache=True)
     return new
@@ -152,7 +152,8 @@ EAGER_DECODE_STEPS = True
 
 @contextlib.contextmanager
 def step_attention(model: Any) -> Iterator[None]:
-    """Decode steps on CPU run transformers' ``eager`` attention instead of ``sdpa``; prefill keeps ``sdpa``.
+    """Decode steps on CPU run transformers' ``eager`` attention instead of ``sdpa``; prefill keeps ``sdpa``
+    (``decode`` enters this once, after its prefill, around its step loop).
 
     Measured on a 2-core AVX512-BF16 CPU (SmolLM2-135M, bf16, 600-token prompts, KV cache;
     ``benchmarks/decode_attention.py``, docs/results/engines/decode_attention.md): one decode step at batch 16 took
@@ -161,12 +162,8 @@ def step_attention(model: Any) -> Iterator[None]:
     with another implementation) nothing changes.
     """
     config = getattr(model, "config", None)
-    device = getattr(model, "device", None)
-    if not EAGER_DECODE_STEPS:
-        yield
-        return
-    on_cpu = getattr(device, "type", "") == "cpu"
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not on_cpu:
+    if (not EAGER_DECODE_STEPS or getattr(config, "_attn_implementation", None) != "sdpa"
+            or getattr(getattr(model, "device", None), "type", "") != "cpu"):
         yield
         return
     config._attn_implementation = "eager"

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.machine import native_bf16  # re-exported: a bf16 GPU, or the CPU flags avx512_bf16/amx_bf16
 from training.rl.config import TRLSearchConfig
 
 log = logging.getLogger(__name__)
@@ -92,13 +93,6 @@ class RolloutSeeds:
         return rollout_seed(self.base, step, call)
 
 
-
-
-def native_bf16() -> bool:
-    """Whether bf16 math is native here: a CUDA device that supports it, else the CPU flags avx512_bf16/amx_bf16."""
-    from infra.machine import native_bf16 as native
-
-    return native()
 
 
 def resolved_precision(cfg: TRLSearchConfig) -> str:
