@@ -1,0 +1,53 @@
+"""``data/hops/build.py`` reproduces the committed single-hop files, whose three parts are disjoint."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from infra.settings import REPO_ROOT, get_settings
+
+HOPS = REPO_ROOT / "data" / "hops"
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("hops_build", HOPS / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rows(name: str) -> list[dict]:
+    return [json.loads(x) for x in (HOPS / name).read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def test_questions_read_as_questions() -> None:
+    b = _builder()
+    assert b.question_for("Love in Pawn", "director") == "Who is the director of Love in Pawn?"
+    assert b.question_for("Dillon Francis", "date of birth") == "When was Dillon Francis born?"
+    assert b.question_for("X", "award received") == "What is the award received of X?"
+
+
+def test_parts_are_disjoint_and_answerable() -> None:
+    parts = {n: _rows(f"2wiki_hops_{n}.jsonl") for n in ("warmup", "rl", "heldout")}
+    assert len(parts["heldout"]) == 210
+    texts = [r["question"].lower() for rows in parts.values() for r in rows]
+    assert len(texts) == len(set(texts))
+    train_parents = {r["metadata"]["parent_id"] for n in ("warmup", "rl") for r in parts[n]}
+    assert not train_parents & {r["metadata"]["parent_id"] for r in parts["heldout"]}
+    for rows in parts.values():
+        for r in rows:
+            assert r["metadata"]["qa_pairs"] == [{"question": r["question"], "answer": r["golden_answers"][0]}]
+            assert len(r["supporting_doc_ids"]) == 1
+
+
+def test_rebuild_matches_committed(tmp_path: Path) -> None:
+    shared = get_settings().shared_data_dir
+    if not (shared / "eval" / "2wikimultihopqa_dev.jsonl").is_file():
+        pytest.skip("the shared data folder is not beside the repository")
+    written = _builder().build(shared, tmp_path)
+    for name in written:
+        assert (tmp_path / name).read_bytes() == (HOPS / name).read_bytes(), name
