@@ -319,8 +319,7 @@ def run_search_value(
     """
     from retrieval.open import RetrieverSpec, open_searcher, passages_of
     from training.agent.evaluate import open_generator
-    from training.generation.models import load_tokenizer
-    from training.rl.config import resolve_model
+    from training.generation.models import load_tokenizer, resolve_model
     from training.rl.heldout import eval_config, heldout_questions, heldout_rows
     from training.rl.warmup import protocol_kwargs, train_rl_warmup, warmup_root
 
