@@ -335,10 +335,10 @@ def run_search_value(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(path)
-    searchers: dict[str, Any] = {"bm25": open_searcher(ecfg.retriever)}
+    searchers: dict[str, Any] = {"bm25": open_searcher(ecfg.retrieval)}
     if dense_index:
         searchers["dense"] = open_searcher(RetrieverSpec(index=dense_index))
-    passages = passages_of(ecfg.retriever) if any(c.kind == "gold" for c in conds) else {}
+    passages = passages_of(ecfg.retrieval) if any(c.kind == "gold" for c in conds) else {}
     generator = None
     kwargs = {**protocol_kwargs(cfg), "top_k": ecfg.rollout.top_k, "max_turns": ecfg.rollout.max_turns}
     all_rows: dict[str, list[dict[str, Any]]] = {}

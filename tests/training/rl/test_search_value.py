@@ -145,3 +145,31 @@ def test_cli_dry_run_and_bad_condition() -> None:
     assert "protocol searchr1" in out.output and "(35 each)" in out.output and "bm25@3" in out.output
     out = CliRunner().invoke(app, ["run", "search-value", "--conditions", "closed,bm25-3", "--dry-run"])
     assert isinstance(out.exception, ConfigError) and "bm25-3" in str(out.exception)
+
+
+def test_run_search_value_end_to_end(smol_tokenizer, tmp_path) -> None:
+    """The command's library entry point on a real preset (the demo's, repository data only) with a tiny saved
+    checkpoint: every import and the files it writes (it once failed at an import no unit test reached)."""
+    import json
+
+    import torch
+    import transformers
+
+    from flows.specs import resolve
+    from training.rl.search_value import run_search_value
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=len(smol_tokenizer), hidden_size=16, intermediate_size=32,
+                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                   max_position_embeddings=2048, eos_token_id=smol_tokenizer.eos_token_id,
+                                   pad_token_id=smol_tokenizer.pad_token_id)
+    model_dir = tmp_path / "tiny"
+    transformers.LlamaForCausalLM(cfg).save_pretrained(model_dir)
+    smol_tokenizer.save_pretrained(model_dir)
+    preset = resolve("rl-finetune", "searchr1_learn_demo", ["eval.max_new_tokens=8"])
+    res = run_search_value(preset, ["closed", "bm25@1", "gold"], tmp_path / "sv", per_dataset=1, model=str(model_dir))
+    assert res.n == 3 and set(res.seconds) == {"closed", "bm25@1", "gold"}
+    summary = json.loads((tmp_path / "sv" / "summary.json").read_text())
+    assert set(summary["conditions"]) == {"closed", "bm25@1", "gold"} and summary["n"] == 3
+    rows = [json.loads(x) for x in (tmp_path / "sv" / "gold.jsonl").read_text().splitlines()]
+    assert [r["condition"] for r in rows] == ["gold"] * 3 and all(r["n_searches"] == 1 for r in rows)
