@@ -17,6 +17,10 @@ no request is served from memory. CPU time per query is reported for the server 
 time inside the searcher (from ``/health``) and for the load generator. Threads: torch intra-op threads
 (``--torch-threads``, default 1) and ``--workers`` parallel batches per server process (``--processes``).
 
+With ``--searchr1 <checkout of PeterGriffinJin/Search-R1>`` the dense backend also runs (d) Search-R1's own
+``retrieval_server.py`` on CPU (``benchmarks/searchr1_server_cpu.py``; one ``POST /retrieve`` per query) and prints
+server/Search-R1 at the top level (target >= 10).
+
 Headline command (2-core CPU): ``PYTHONPATH=. python benchmarks/server_throughput.py --workers 2 --max-batch 32
 --min-requests 2000 --inprocess-queries 4096 --repeats 5``
 """
@@ -134,7 +138,7 @@ def _free_port() -> int:
 
 @contextmanager
 def server_process(index_dir: Path, batching: bool, workers: int, torch_threads: int, max_wait_ms: float,
-                   max_batch: int = 256, processes: int = 1):
+                   max_batch: int = 256, processes: int = 1, extra_env: dict[str, str] | None = None):
     """Start ``searchloop serve retriever`` on a free loopback port; yield its URL."""
     from retrieval.client import RetrieverClient
 
@@ -145,12 +149,46 @@ def server_process(index_dir: Path, batching: bool, workers: int, torch_threads:
     if not batching:
         cmd.append("--no-batching")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch_threads),
-           "MKL_NUM_THREADS": str(torch_threads)}
+           "MKL_NUM_THREADS": str(torch_threads), **(extra_env or {})}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
         with RetrieverClient(url, retries=0) as client:
             client.wait_until_ready(timeout_s=180)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@contextmanager
+def searchr1_process(checkout: Path, index_dir: Path, torch_threads: int, k: int):
+    """Start Search-R1's own ``retrieval_server.py`` on CPU (``benchmarks/searchr1_server_cpu.py``) over the same
+    dense index; yield its URL and pid once a ``POST /retrieve`` answers."""
+    import urllib.request
+
+    port = _free_port()
+    cmd = [sys.executable, str(REPO / "benchmarks" / "searchr1_server_cpu.py"), "--upstream", str(checkout),
+           "--index-dir", str(index_dir), "--port", str(port), "--topk", str(k)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch_threads),
+           "MKL_NUM_THREADS": str(torch_threads)}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        path, body = request_of("searchr1", "warm up", k)
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"Search-R1's server exited with status {proc.returncode}")
+            try:
+                req = urllib.request.Request(url + path, data=body, headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    resp.read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
         yield url, proc.pid
     finally:
         proc.terminate()
@@ -195,16 +233,25 @@ class _RawHTTP:
             self.writer.close()
 
 
-async def _client_run(url: str, queries: list[str], clients: int, k: int, barrier: Any) -> tuple:
+def request_of(style: str, query: str, k: int) -> tuple[str, bytes]:
+    """(path, JSON body) of one single-query request: ours ``POST /search``, Search-R1's ``POST /retrieve``."""
+    if style == "searchr1":
+        return "/retrieve", orjson.dumps({"queries": [query], "topk": k, "return_scores": False})
+    return "/search", orjson.dumps({"query": query, "top_n": k})
+
+
+async def _client_run(url: str, queries: list[str], clients: int, k: int, barrier: Any, style: str = "ours"
+                      ) -> tuple:
     """One load-generator process: ``clients`` keep-alive connections, warmed up, then send ``queries``."""
     latencies: list[float] = []
-    bodies = [orjson.dumps({"query": q, "top_n": k}) for q in queries]
+    path = request_of(style, "", k)[0]
+    bodies = [request_of(style, q, k)[1] for q in queries]
     todo = iter(bodies)
 
     async def worker(conn: _RawHTTP) -> None:
         for body in todo:
             t0 = time.perf_counter()
-            await conn.post("/search", body)
+            await conn.post(path, body)
             latencies.append(time.perf_counter() - t0)
 
     conns = [_RawHTTP(url) for _ in range(clients)]
@@ -222,11 +269,13 @@ async def _client_run(url: str, queries: list[str], clients: int, k: int, barrie
             c.close()
 
 
-def _client_proc(url: str, queries: list[str], clients: int, k: int, barrier: Any, out: Any) -> None:
-    out.put(asyncio.run(_client_run(url, queries, clients, k, barrier)))
+def _client_proc(url: str, queries: list[str], clients: int, k: int, barrier: Any, out: Any,
+                 style: str = "ours") -> None:
+    out.put(asyncio.run(_client_run(url, queries, clients, k, barrier, style)))
 
 
-def _load(url: str, queries: list[str], clients: int, k: int, pid: int, procs: int) -> dict[str, float]:
+def _load(url: str, queries: list[str], clients: int, k: int, pid: int, procs: int, style: str = "ours"
+          ) -> dict[str, float]:
     """Drive ``clients`` concurrent keep-alive connections spread over ``procs`` processes; time the whole run."""
     import multiprocessing as mp
 
@@ -234,7 +283,7 @@ def _load(url: str, queries: list[str], clients: int, k: int, pid: int, procs: i
     procs = max(1, min(procs, clients))
     barrier, out = ctx.Barrier(procs + 1), ctx.Queue()
     shares = [clients // procs + (i < clients % procs) for i in range(procs)]
-    children = [ctx.Process(target=_client_proc, args=(url, queries[i::procs], shares[i], k, barrier, out))
+    children = [ctx.Process(target=_client_proc, args=(url, queries[i::procs], shares[i], k, barrier, out, style))
                 for i in range(procs)]
     for child in children:
         child.start()
@@ -265,25 +314,28 @@ def _stats(url: str) -> dict[str, Any]:
 
 def http_rows(
     url: str, pid: int, queries: list[str], levels: list[int], k: int, min_requests: int, procs: int,
-    server_processes: int = 1,
+    server_processes: int = 1, style: str = "ours",
 ) -> dict[int, dict]:
-    """Throughput/latency per concurrency level, each level over fresh unique queries."""
+    """Throughput/latency per concurrency level, each level over fresh unique queries (``style``: ours or
+    searchr1, whose server has no ``/health`` statistics)."""
     rows = {}
     offset = 0
     for c in levels:
         n = max(min_requests, 10 * c)
         chunk = [queries[(offset + i) % len(queries)] for i in range(n)]
         offset += n
-        before = _stats(url)
-        rows[c] = r = _load(url, chunk, c, k, pid, procs)
-        after = _stats(url)
+        empty = {"searcher_calls": 0, "searched_queries": 0}
+        before = _stats(url) if style == "ours" else empty
+        rows[c] = r = _load(url, chunk, c, k, pid, procs, style)
+        after = _stats(url) if style == "ours" else empty
         calls = after["searcher_calls"] - before["searcher_calls"]
         # /health reports the process that answered it: the mean batch is only known for one process
+        known = server_processes == 1 and style == "ours"
         r["mean_batch"] = ((after["searched_queries"] - before["searched_queries"]) / max(calls, 1)
-                           if server_processes == 1 else float("nan"))
+                           if known else float("nan"))
         searched = max(after["searched_queries"] - before["searched_queries"], 1)
         r["search_cpu_ms"] = (1000 * (after.get("search_cpu_s", 0) - before.get("search_cpu_s", 0)) / searched
-                              if server_processes == 1 else float("nan"))
+                              if known else float("nan"))
         r["load_avg"] = os.getloadavg()[0]
         print(f"  {c:>3} clients: {r['qps']:8.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
               f"server cpu {r['server_cpu_ms']:.2f} ms/q  client cpu {r['client_cpu_ms']:.2f} ms/q  "
@@ -327,6 +379,21 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
                 print(f"[{backend}] server/in-process calls of {top}, {len(pairs)} interleaved pairs: "
                       + ", ".join(f"{r:.2f}" for r in ratios) + f" (median {statistics.median(ratios):.2f})",
                       flush=True)
+    if args.fixed_mmap:
+        # the regression of 2026-11-26: flows/cli.py fixed glibc's mmap threshold at 128 KiB for every command
+        # (2026-11-25 .. 2026-11-27), so the server mmapped and faulted in every buffer above 128 KiB
+        print(f"[{backend}] server_fixed_mmap (batching=True, MALLOC_MMAP_THRESHOLD_=131072)", flush=True)
+        with server_process(index_dir, True, args.workers, args.torch_threads, args.max_wait_ms, args.max_batch,
+                            args.processes, {"MALLOC_MMAP_THRESHOLD_": "131072"}) as (url, pid):
+            out["server_fixed_mmap"] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests,
+                                                 args.client_procs, args.processes)
+        out["server_vs_fixed_mmap"] = out["server"][top]["qps"] / out["server_fixed_mmap"][top]["qps"]
+    if args.searchr1 is not None and backend == "dense":
+        print(f"[{backend}] searchr1 (their retrieval_server.py on CPU, one batch_search per request)", flush=True)
+        with searchr1_process(args.searchr1, index_dir, args.torch_threads, args.k) as (url, pid):
+            out["searchr1"] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests,
+                                        args.client_procs, 1, style="searchr1")
+        out["server_vs_searchr1"] = out["server"][top]["qps"] / out["searchr1"][top]["qps"]
     out["server_vs_in_process"] = out["server"][top]["qps"] / inproc
     out[f"server_vs_in_process_{top}"] = out["server"][top]["qps"] / inproc_top
     out["server_vs_baseline"] = out["server"][top]["qps"] / out["baseline"][top]["qps"]
@@ -342,10 +409,10 @@ def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
               f"{res['in_process_cpu_ms']:15.2f}                -")
         print(f"{res['backend']:<9} in-process {top:>8}  {res[f'in_process_{top}_qps']:7.1f}        -        -  "
               f"{res[f'in_process_{top}_cpu_ms']:15.2f}                -")
-        for mode in ("server", "baseline"):
-            for c in levels:
+        for mode in ("server", "server_fixed_mmap", "baseline", "searchr1"):
+            for c in levels if mode in res else ():
                 r = res[mode][c]
-                print(f"{res['backend']:<9} {mode:<10} {c:>8}  {r['qps']:7.1f}  {r['p50_ms']:7.1f}  "
+                print(f"{res['backend']:<9} {mode:<17} {c:>8}  {r['qps']:7.1f}  {r['p50_ms']:7.1f}  "
                       f"{r['p99_ms']:7.1f}  {r['server_cpu_ms']:15.2f}  {r['client_cpu_ms']:15.2f}  "
                       f"{r['mean_batch']:5.1f}")
     print()
@@ -355,7 +422,11 @@ def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
               + (f" (median of {len(res['repeat_pairs'])} interleaved pairs: "
                  f"{res[f'server_vs_in_process_{top}_median']:.2f})" if "repeat_pairs" in res else "")
               + f" (target >= 0.9); server/baseline at {top} clients = {res['server_vs_baseline']:.2f} (target >= 5); "
-              f"search share of server CPU (in-process cpu/q / server cpu/q) = {res['cpu_efficiency']:.2f}")
+              f"search share of server CPU (in-process cpu/q / server cpu/q) = {res['cpu_efficiency']:.2f}"
+              + (f"; server/the same server with the 2026-11-26 fixed mmap threshold at {top} clients = "
+                 f"{res['server_vs_fixed_mmap']:.2f}" if "server_vs_fixed_mmap" in res else "")
+              + (f"; server/Search-R1's server at {top} clients = {res['server_vs_searchr1']:.2f} (target >= 10)"
+                 if "server_vs_searchr1" in res else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -382,6 +453,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--torch-threads", type=int, default=1, help="Intra-op threads, in-process and in the servers.")
     p.add_argument("--workers", type=int, default=1, help="Parallel batches: server micro-batch workers and "
                    "in-process threads (the baseline server always uses its 8-thread pool).")
+    p.add_argument("--searchr1", type=Path, default=None, help="A checkout of PeterGriffinJin/Search-R1: also "
+                   "measure its own search_r1/search/retrieval_server.py on CPU over the dense index (the issue-26 "
+                   "anchor; benchmarks/searchr1_server_cpu.py).")
+    p.add_argument("--fixed-mmap", action="store_true", help="Also run our server with glibc's mmap threshold "
+                   "fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), the CLI's setting of 2026-11-25..27: the regression.")
     args = p.parse_args(argv)
     from infra.machine import describe
 
