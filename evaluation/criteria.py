@@ -1,0 +1,150 @@
+"""Issue 27's learning criteria, recomputed from the committed held-out rows of each evidence folder.
+
+An evidence folder (``docs/results/learning/<recipe>/``) holds ``heldout_start.jsonl`` and ``heldout_final.jsonl``:
+one row per held-out question with ``reward`` (the recipe's own signal), ``f1``, ``format_ok`` and ``n_searches``.
+From those rows alone (no run, no summary file), with the paired bootstrap of :mod:`evaluation.paired`:
+
+1. the recipe's reward: the 95% interval of final - start above 0;
+2. F1: the interval above 0;
+3. the agent keeps searching: mean searches per question at the end >= 0.8 x the start and >= 0.5;
+4. not format alone: the mean F1 change among rows format-ok at both ends > 0;
+5. a replicate with other seeds (a folder ``<recipe>__seed<N>``) meets 1-3 too.
+
+``python -m evaluation.criteria docs/results/learning/*/`` prints the table as markdown (``--json`` for rows);
+folders without both files (attempts stopped before their final evaluation) are listed as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from evaluation.paired import PairedDiff, paired_bootstrap, paired_rows
+
+SEARCH_KEEP_RATIO = 0.8
+SEARCH_FLOOR = 0.5
+
+
+class Criteria(BaseModel):
+    """One evidence folder's numbers and criteria 1-4 (5 is decided across folders)."""
+
+    folder: str = Field(description="Evidence folder name.")
+    n: int = Field(description="Held-out questions paired.")
+    reward: PairedDiff
+    f1: PairedDiff
+    f1_format_ok_both: PairedDiff = Field(description="F1 change among rows format-ok at start and at final.")
+    searches_start: float
+    searches_final: float
+    format_start: float
+    format_final: float
+    c1_reward: bool
+    c2_f1: bool
+    c3_searching: bool
+    c4_not_format_only: bool
+
+    @property
+    def meets_1_to_3(self) -> bool:
+        """Criteria 1-3 (what a replicate must meet)."""
+        return self.c1_reward and self.c2_f1 and self.c3_searching
+
+    @property
+    def meets_1_to_4(self) -> bool:
+        """Criteria 1-4 (what the main run must meet)."""
+        return self.meets_1_to_3 and self.c4_not_format_only
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def evaluate_folder(folder: str | Path, n_resamples: int = 10000, seed: int = 0) -> Criteria | None:
+    """Criteria of one evidence folder; None when it lacks a start or final evaluation."""
+    d = Path(folder)
+    start_p, final_p = d / "heldout_start.jsonl", d / "heldout_final.jsonl"
+    if not (start_p.is_file() and final_p.is_file()):
+        return None
+    start, final = _rows(start_p), _rows(final_p)
+    diffs = paired_rows(start, final, ["reward", "f1", "n_searches", "format_ok"], n_resamples=n_resamples,
+                        seed=seed)
+    by_id = {str(r["id"]): r for r in final}
+    both = [(r, by_id[str(r["id"])]) for r in start if r.get("format_ok") and by_id[str(r["id"])].get("format_ok")]
+    fok = paired_bootstrap([float(a["f1"]) for a, _ in both], [float(b["f1"]) for _, b in both],
+                           field="f1_format_ok_both", n_resamples=n_resamples, seed=seed)
+    s = diffs["n_searches"]
+    return Criteria(folder=d.name, n=diffs["f1"].n, reward=diffs["reward"], f1=diffs["f1"], f1_format_ok_both=fok,
+                    searches_start=s.start, searches_final=s.final, format_start=diffs["format_ok"].start,
+                    format_final=diffs["format_ok"].final, c1_reward=diffs["reward"].low > 0,
+                    c2_f1=diffs["f1"].low > 0,
+                    c3_searching=s.final >= SEARCH_KEEP_RATIO * s.start and s.final >= SEARCH_FLOOR,
+                    c4_not_format_only=fok.n > 0 and fok.diff > 0)
+
+
+def replicate_of(name: str) -> str | None:
+    """The recipe folder a replicate folder ``<recipe>__seed<N>`` belongs to, else None."""
+    m = re.fullmatch(r"(.+)__seed\d+", name)
+    return m.group(1) if m else None
+
+
+def _ci(p: PairedDiff) -> str:
+    return f"{p.diff:+.3f} [{p.low:+.3f}, {p.high:+.3f}]"
+
+
+def table(results: Sequence[Criteria], missing: Sequence[str] = ()) -> str:
+    """Markdown table: numbers, criteria 1-4 per folder and criterion 5 on the main folder of a recipe."""
+    reps: dict[str, list[Criteria]] = {}
+    for r in results:
+        base = replicate_of(r.folder)
+        if base:
+            reps.setdefault(base, []).append(r)
+    yes = {True: "yes", False: "no"}
+    lines = ["| evidence | n | reward Δ [95%] | F1 Δ [95%] | F1 Δ, format-ok both ends (rows) | searches start → "
+             "final | format-ok start → final | 1 | 2 | 3 | 4 | 5 (replicate meets 1-3) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if replicate_of(r.folder):
+            c5 = "(replicate)"
+        elif r.folder in reps:
+            c5 = ", ".join(f"{x.folder}: {yes[x.meets_1_to_3]}" for x in reps[r.folder])
+        else:
+            c5 = "no replicate"
+        lines.append(f"| {r.folder} | {r.n} | {_ci(r.reward)} | {_ci(r.f1)} | {_ci(r.f1_format_ok_both)} "
+                     f"({r.f1_format_ok_both.n}) | {r.searches_start:.2f} → {r.searches_final:.2f} | "
+                     f"{r.format_start:.2f} → {r.format_final:.2f} | {yes[r.c1_reward]} | {yes[r.c2_f1]} | "
+                     f"{yes[r.c3_searching]} | {yes[r.c4_not_format_only]} | {c5} |")
+    if missing:
+        lines.append("")
+        lines.append("No final evaluation (stopped before it): " + ", ".join(missing) + ".")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: evidence folders; prints the markdown table (or ``--json``)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folders", nargs="+", type=Path, help="evidence folders (heldout_start/final.jsonl)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per folder instead")
+    ap.add_argument("--resamples", type=int, default=10000)
+    args = ap.parse_args(argv)
+    results, missing = [], []
+    for f in sorted(p for p in args.folders if p.is_dir()):
+        r = evaluate_folder(f, n_resamples=args.resamples)
+        if r is None:
+            if (f / "heldout_start.jsonl").is_file():
+                missing.append(f.name)
+            continue
+        results.append(r)
+    if args.json:
+        for r in results:
+            print(json.dumps({**r.model_dump(), "meets_1_to_4": r.meets_1_to_4}))
+    else:
+        print(table(results, missing))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""Issue 27's criteria from held-out rows: each criterion decided by its own rule, replicates paired by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evaluation.criteria import evaluate_folder, main, replicate_of, table
+
+
+def _write(d: Path, start: list[dict], final: list[dict]) -> Path:
+    d.mkdir(parents=True)
+    for name, rows in (("heldout_start.jsonl", start), ("heldout_final.jsonl", final)):
+        (d / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def _row(i: int, reward: float, f1: float, ok: bool, searches: float) -> dict:
+    return {"id": f"q{i}", "reward": reward, "f1": f1, "format_ok": ok, "n_searches": searches}
+
+
+def test_learning_run_meets_1_to_4(tmp_path) -> None:
+    start = [_row(i, 0.2, 0.1, True, 1.0) for i in range(40)]
+    final = [_row(i, 0.2 + 0.5 * (i % 2), 0.1 + 0.4 * (i % 2), True, 1.0) for i in range(40)]
+    c = evaluate_folder(_write(tmp_path / "rec", start, final), n_resamples=500)
+    assert c is not None and c.meets_1_to_4 and c.n == 40
+    assert c.f1_format_ok_both.n == 40 and abs(c.f1.diff - 0.2) < 1e-9
+
+
+def test_search_collapse_and_format_only_gain_fail(tmp_path) -> None:
+    # the reward rises only through rows that were not format-ok at the start, and searches fall to 0.4
+    start = [_row(i, 0.0 if i < 20 else 0.2, 0.0, i >= 20, 1.0) for i in range(40)]
+    final = [_row(i, 0.2 if i < 20 else 0.2, 0.3 if i < 20 else -0.0, True, 0.4) for i in range(40)]
+    c = evaluate_folder(_write(tmp_path / "rec", start, final), n_resamples=500)
+    assert c.c1_reward and c.c2_f1 and not c.c3_searching and not c.c4_not_format_only
+    assert c.f1_format_ok_both.n == 20
+
+
+def test_replicates_and_cli(tmp_path, capsys) -> None:
+    good = ([_row(i, 0.1, 0.1, True, 1.0) for i in range(30)], [_row(i, 0.5, 0.4, True, 1.0) for i in range(30)])
+    flat = ([_row(i, 0.1, 0.1, True, 1.0) for i in range(30)], [_row(i, 0.1, 0.1, True, 1.0) for i in range(30)])
+    _write(tmp_path / "rec", *good)
+    _write(tmp_path / "rec__seed43", *flat)
+    (tmp_path / "stopped").mkdir()
+    (tmp_path / "stopped" / "heldout_start.jsonl").write_text(json.dumps(_row(0, 0, 0, True, 1)) + "\n")
+    assert replicate_of("rec__seed43") == "rec" and replicate_of("rec") is None
+    assert evaluate_folder(tmp_path / "stopped") is None
+    assert main([str(tmp_path / n) for n in ("rec", "rec__seed43", "stopped")] + ["--resamples", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "| rec | 30 |" in out and "rec__seed43: no" in out and "(replicate)" in out
+    assert "No final evaluation (stopped before it): stopped." in out
+    assert table([]).count("\n") == 1
