@@ -23,6 +23,9 @@ the machine record (dtype, CPU flags, threads, load). Example (quiet machine, ab
 
     PYTHONPATH=. python benchmarks/heldout_eval.py --preset searchr1_learn_cpu --limit 60 \\
         --variants today,fp32,session14 --out docs/results/engines/heldout_eval.md
+
+``--isolate`` runs every variant in a fresh process (``session14`` then pays the old CLI's full cost: the threshold
+is set through ``MALLOC_MMAP_THRESHOLD_`` before the first allocation), so the before/after of item 2 is one run.
 """
 
 from __future__ import annotations
@@ -116,6 +119,40 @@ def report(results: list[dict[str, Any]], machine: dict[str, Any], n: int) -> st
     return "\n".join(lines)
 
 
+def run_isolated(name: str, argv: list[str]) -> dict[str, Any] | None:
+    """Run one variant in a fresh process (this script with ``--child-out``); its result with plain trajectories.
+    ``session14`` starts with glibc's mmap threshold fixed through the environment, from the first allocation."""
+    import os
+    import subprocess
+    import tempfile
+    from types import SimpleNamespace
+
+    rest, skip = [], False
+    for a in argv:  # drop --isolate and --variants/--out (the parent reports)
+        if skip:
+            skip = False
+            continue
+        if a in ("--variants", "--out"):
+            skip = True
+            continue
+        if a == "--isolate" or a.startswith(("--variants=", "--out=")):
+            continue
+        rest.append(a)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if name == "session14":
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), *rest, "--variants", name,
+                        "--child-out", str(out)], check=True, env=env)
+        rows = json.loads(out.read_text())
+    if not rows:
+        return None
+    r = rows[0]
+    r["trajs"] = [SimpleNamespace(**t) for t in r["trajs"]]
+    return r
+
+
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     from flows.specs import resolve
@@ -131,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="today,batch64,fp32", help=f"comma list from {VARIANTS}; today first")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the transformers variants")
     parser.add_argument("--out", default=None, help="also write the markdown report here")
+    parser.add_argument("--isolate", action="store_true", help="run each variant in a fresh process (session14 "
+                        "there starts with MALLOC_MMAP_THRESHOLD_=131072, as the old CLI ran: its full cost)")
+    parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)  # one variant, results as JSON
     args = parser.parse_args(argv)
 
     cfg = resolve("rl-finetune", args.preset, [])
@@ -138,9 +178,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         ecfg = ecfg.model_copy(update={"generator": ecfg.generator.model_copy(update={"threads": args.threads})})
     names = [v for v in args.variants.split(",") if v]
-    if not names or names[0] != "today":
+    if args.isolate and args.child_out is None:
+        if not names or names[0] != "today":
+            raise SystemExit("--variants must start with today (the baseline of the ratios)")
+        results = [run_isolated(name, argv if argv is not None else sys.argv[1:]) for name in names]
+        results = [r for r in results if r is not None]
+        machine = describe(dtype=ecfg.generator.dtype, preset=args.preset, questions=args.limit, isolated=True,
+                           max_new_tokens=ecfg.rollout.max_total_tokens, max_turns=ecfg.rollout.max_turns,
+                           top_k=ecfg.rollout.top_k)
+        text = report(results, machine, len(results[0]["trajs"]))
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        return 0
+    if args.child_out is not None:
+        pass
+    elif not names or names[0] != "today":
         raise SystemExit("--variants must start with today (the baseline of the ratios)")
-    if "session14" in names and names[-1] != "session14":
+    if args.child_out is None and "session14" in names and names[-1] != "session14":
         raise SystemExit("--variants: session14 must come last (it fixes glibc's mmap threshold for the process)")
     questions = spread(heldout_questions(cfg), args.limit)
     searcher = open_searcher(ecfg.retrieval)
@@ -152,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"{name}: running {len(questions)} questions ...", file=sys.stderr, flush=True)
         results.append(run_variant(name, spec, ecfg, questions, searcher))
+    if args.child_out is not None:
+        Path(args.child_out).write_text(json.dumps([{
+            **{k: v for k, v in r.items() if k != "trajs"},
+            "trajs": [{"final_answer": t.final_answer, "response": t.response} for t in r["trajs"]]}
+            for r in results]))
+        return 0
     machine = describe(dtype=ecfg.generator.dtype, preset=args.preset, questions=len(questions),
                        max_new_tokens=ecfg.rollout.max_total_tokens, max_turns=ecfg.rollout.max_turns,
                        top_k=ecfg.rollout.top_k)
