@@ -165,6 +165,7 @@ def server_process(index_dir: Path, batching: bool, workers: int, torch_threads:
 def searchr1_process(checkout: Path, index_dir: Path, torch_threads: int, k: int):
     """Start Search-R1's own ``retrieval_server.py`` on CPU (``benchmarks/searchr1_server_cpu.py``) over the same
     dense index; yield its URL and pid once a ``POST /retrieve`` answers."""
+    import urllib.error
     import urllib.request
 
     port = _free_port()
@@ -185,6 +186,8 @@ def searchr1_process(checkout: Path, index_dir: Path, torch_threads: int, k: int
                 with urllib.request.urlopen(req, timeout=30) as resp:
                     resp.read()
                 break
+            except urllib.error.HTTPError:
+                raise  # it answered: an error status is a bug to report, not a server still starting
             except OSError:
                 if time.monotonic() > deadline:
                     raise
@@ -236,7 +239,9 @@ class _RawHTTP:
 def request_of(style: str, query: str, k: int) -> tuple[str, bytes]:
     """(path, JSON body) of one single-query request: ours ``POST /search``, Search-R1's ``POST /retrieve``."""
     if style == "searchr1":
-        return "/retrieve", orjson.dumps({"queries": [query], "topk": k, "return_scores": False})
+        # return_scores true, as Search-R1's own rollout client sends it: their endpoint unpacks (results, scores)
+        # and answers 500 without scores
+        return "/retrieve", orjson.dumps({"queries": [query], "topk": k, "return_scores": True})
     return "/search", orjson.dumps({"query": query, "top_n": k})
 
 

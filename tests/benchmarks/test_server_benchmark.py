@@ -29,7 +29,7 @@ if __name__ == "__main__":
 
 def test_request_shapes() -> None:
     path, body = server_throughput.request_of("searchr1", "who?", 3)
-    assert path == "/retrieve" and orjson.loads(body) == {"queries": ["who?"], "topk": 3, "return_scores": False}
+    assert path == "/retrieve" and orjson.loads(body) == {"queries": ["who?"], "topk": 3, "return_scores": True}
     path, body = server_throughput.request_of("ours", "who?", 3)
     assert path == "/search" and orjson.loads(body) == {"query": "who?", "top_n": 3}
 
