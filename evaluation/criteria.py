@@ -29,6 +29,8 @@ from evaluation.paired import PairedDiff, paired_bootstrap, paired_rows
 
 SEARCH_KEEP_RATIO = 0.8
 SEARCH_FLOOR = 0.5
+#: a bound within this of 0 is 0: a mean of discrete differences can land at 2e-18 instead of 0 (float summation)
+EPS = 1e-9
 
 
 class Criteria(BaseModel):
@@ -79,10 +81,10 @@ def evaluate_folder(folder: str | Path, n_resamples: int = 10000, seed: int = 0)
     s = diffs["n_searches"]
     return Criteria(folder=d.name, n=diffs["f1"].n, reward=diffs["reward"], f1=diffs["f1"], f1_format_ok_both=fok,
                     searches_start=s.start, searches_final=s.final, format_start=diffs["format_ok"].start,
-                    format_final=diffs["format_ok"].final, c1_reward=diffs["reward"].low > 0,
-                    c2_f1=diffs["f1"].low > 0,
+                    format_final=diffs["format_ok"].final, c1_reward=diffs["reward"].low > EPS,
+                    c2_f1=diffs["f1"].low > EPS,
                     c3_searching=s.final >= SEARCH_KEEP_RATIO * s.start and s.final >= SEARCH_FLOOR,
-                    c4_not_format_only=fok.n > 0 and fok.diff > 0)
+                    c4_not_format_only=fok.n > 0 and fok.diff > EPS)
 
 
 def replicate_of(name: str) -> str | None:

@@ -50,3 +50,11 @@ def test_replicates_and_cli(tmp_path, capsys) -> None:
     assert "| rec | 30 |" in out and "rec__seed43: no" in out and "(replicate)" in out
     assert "No final evaluation (stopped before it): stopped." in out
     assert table([]).count("\n") == 1
+
+
+def test_bound_at_float_zero_is_not_above_zero(tmp_path) -> None:
+    # one question gains 0.1, the rest are unchanged: the 2.5% quantile is 0 up to summation error
+    start = [_row(i, 0.3, 0.3, True, 1.0) for i in range(50)]
+    final = [_row(i, 0.3, 0.3 + (0.1 if i == 0 else 0.0), True, 1.0) for i in range(50)]
+    c = evaluate_folder(_write(tmp_path / "rec", start, final), n_resamples=500)
+    assert abs(c.f1.low) < 1e-9 and not c.c2_f1
