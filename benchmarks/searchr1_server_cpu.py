@@ -78,13 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     from retrieval.encoders import resolve_model_path
 
     model = resolve_model_path(args.model)
-    work = Path(tempfile.mkdtemp(prefix="searchr1-server-"))
-    corpus = export_corpus(args.index_dir, work / "corpus.jsonl")
-    patch_for_cpu(args.port)
-    # their argparse; retriever_name "minilm": no e5/bge query prefix, mean pooling + L2 normalisation (as ours)
-    sys.argv = [str(server), "--index_path", str(args.index_dir / "index.faiss"), "--corpus_path", str(corpus),
-                "--topk", str(args.topk), "--retriever_name", "minilm", "--retriever_model", model]
-    runpy.run_path(str(server), run_name="__main__")
+    with tempfile.TemporaryDirectory(prefix="searchr1-server-") as work:  # removed when uvicorn returns (SIGTERM)
+        corpus = export_corpus(args.index_dir, Path(work) / "corpus.jsonl")
+        patch_for_cpu(args.port)
+        # their argparse; retriever_name "minilm": no e5/bge query prefix, mean pooling + L2 normalisation (as ours)
+        sys.argv = [str(server), "--index_path", str(args.index_dir / "index.faiss"), "--corpus_path", str(corpus),
+                    "--topk", str(args.topk), "--retriever_name", "minilm", "--retriever_model", model]
+        runpy.run_path(str(server), run_name="__main__")
     return 0
 
 

@@ -21,7 +21,8 @@ model = torch.nn.Linear(2, 2)
 model.cuda()
 model = model.half()
 x = torch.ones(2).cuda()
-sys.modules["searchr1_seen"] = (next(model.parameters()).dtype, x.device.type, sys.argv[1:])
+corpus = open(sys.argv[sys.argv.index("--corpus_path") + 1]).read()
+sys.modules["searchr1_seen"] = (next(model.parameters()).dtype, x.device.type, sys.argv[1:], corpus)
 if __name__ == "__main__":
     uvicorn.run("app", host="0.0.0.0", port=8000)
 '''
@@ -52,11 +53,11 @@ def test_launcher_runs_their_file_on_cpu_on_loopback(tmp_path, monkeypatch) -> N
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert searchr1_server_cpu.main(["--upstream", str(upstream), "--index-dir", str(index), "--port", "8123",
                                      "--topk", "2"]) == 0
-    dtype, device, argv = sys.modules.pop("searchr1_seen")
+    dtype, device, argv, corpus_text = sys.modules.pop("searchr1_seen")
     assert dtype == torch.float32 and device == "cpu"
     assert argv[argv.index("--topk") + 1] == "2" and argv[argv.index("--retriever_name") + 1] == "minilm"
-    corpus = Path(argv[argv.index("--corpus_path") + 1])
-    assert json.loads(corpus.read_text()) == {"id": "p0", "contents": "T\nbody"}
+    assert json.loads(corpus_text) == {"id": "p0", "contents": "T\nbody"}
+    assert not Path(argv[argv.index("--corpus_path") + 1]).exists()  # the exported corpus is removed afterwards
     assert calls == [("app", {"host": "127.0.0.1", "port": 8123, "log_level": "warning"})]
 
 
