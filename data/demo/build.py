@@ -19,7 +19,6 @@ Corpus rows keep the source file's order. Standard library only; it checks that 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -89,14 +88,10 @@ def build(shared: Path, out: Path) -> dict[str, tuple[int, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``--shared`` (source folder), ``--out`` (default: this folder)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", type=Path, default=Path("../shared/data"), help="the shared data folder")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="output folder")
-    args = ap.parse_args(argv)
-    for name, (rows, digest) in build(args.shared, args.out).items():
-        print(f"{name}\t{rows}\t{(args.out / name).stat().st_size}\t{digest}")
-    return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from build_cli import run
 
+    return run(build, __doc__.splitlines()[0], Path(__file__).resolve().parent, argv)
 
 if __name__ == "__main__":
     raise SystemExit(main())

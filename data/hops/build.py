@@ -29,7 +29,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import json
@@ -123,10 +122,14 @@ def build(shared: Path, out: Path) -> dict[str, tuple[int, str]]:
     files: dict[str, list[dict[str, Any]]] = {}
 
     def take(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        kept = [r for r in rows if _norm(r["question"]) not in seen and r["metadata"]["parent_id"] not in parents]
-        uniq = list({_norm(r["question"]): r for r in reversed(kept)}.values())[::-1]  # first of each text
-        seen.update(_norm(r["question"]) for r in uniq)
-        return uniq
+        """Rows whose question text is new (within and across files) and whose parent gave no training row."""
+        kept = []
+        for r in rows:
+            text = _norm(r["question"])
+            if text not in seen and r["metadata"]["parent_id"] not in parents:
+                seen.add(text)
+                kept.append(r)
+        return kept
 
     for name, rng in (("2wiki_hops_warmup.jsonl", WARMUP_ROWS), ("2wiki_hops_rl.jsonl", RL_ROWS)):
         files[name] = take([h for i in rng for h in hops_of(train_rows[i], train_corpus, "train", TRAIN_SRC, i)])
@@ -147,14 +150,10 @@ def build(shared: Path, out: Path) -> dict[str, tuple[int, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``--shared`` (source folder), ``--out`` (default: this folder)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", type=Path, default=Path("../shared/data"), help="the shared data folder")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="output folder")
-    args = ap.parse_args(argv)
-    for name, (rows, digest) in build(args.shared, args.out).items():
-        print(f"{name}\t{rows}\t{(args.out / name).stat().st_size}\t{digest}")
-    return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from build_cli import run
 
+    return run(build, __doc__.splitlines()[0], Path(__file__).resolve().parent, argv)
 
 if __name__ == "__main__":
     raise SystemExit(main())
