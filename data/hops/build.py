@@ -122,14 +122,12 @@ def build(shared: Path, out: Path) -> dict[str, tuple[int, str]]:
     files: dict[str, list[dict[str, Any]]] = {}
 
     def take(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Rows whose question text is new (within and across files) and whose parent gave no training row."""
-        kept = []
-        for r in rows:
-            text = _norm(r["question"])
-            if text not in seen and r["metadata"]["parent_id"] not in parents:
-                seen.add(text)
-                kept.append(r)
-        return kept
+        kept = [r for r in rows if _norm(r["question"]) not in seen and r["metadata"]["parent_id"] not in parents]
+        # one row per text: the first occurrence, placed where the text last occurs (the order the committed files,
+        # and so the held-out set's first 210, were built with)
+        uniq = list({_norm(r["question"]): r for r in reversed(kept)}.values())[::-1]
+        seen.update(_norm(r["question"]) for r in uniq)
+        return uniq
 
     for name, rng in (("2wiki_hops_warmup.jsonl", WARMUP_ROWS), ("2wiki_hops_rl.jsonl", RL_ROWS)):
         files[name] = take([h for i in rng for h in hops_of(train_rows[i], train_corpus, "train", TRAIN_SRC, i)])
