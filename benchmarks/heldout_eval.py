@@ -119,7 +119,7 @@ def report(results: list[dict[str, Any]], machine: dict[str, Any], n: int) -> st
     return "\n".join(lines)
 
 
-def run_isolated(name: str, argv: list[str]) -> dict[str, Any] | None:
+def run_isolated(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
     """Run one variant in a fresh process (this script with ``--child-out``); its result with plain trajectories.
     ``session14`` starts with glibc's mmap threshold fixed through the environment, from the first allocation."""
     import os
@@ -127,24 +127,18 @@ def run_isolated(name: str, argv: list[str]) -> dict[str, Any] | None:
     import tempfile
     from types import SimpleNamespace
 
-    rest, skip = [], False
-    for a in argv:  # drop --isolate and --variants/--out (the parent reports)
-        if skip:
-            skip = False
-            continue
-        if a in ("--variants", "--out"):
-            skip = True
-            continue
-        if a == "--isolate" or a.startswith(("--variants=", "--out=")):
-            continue
-        rest.append(a)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--preset", args.preset, "--limit", str(args.limit),
+           "--variants", name]
+    if args.model:
+        cmd += ["--model", args.model]
+    if args.threads is not None:
+        cmd += ["--threads", str(args.threads)]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if name == "session14":
         env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        subprocess.run([sys.executable, str(Path(__file__).resolve()), *rest, "--variants", name,
-                        "--child-out", str(out)], check=True, env=env)
+        subprocess.run([*cmd, "--child-out", str(out)], check=True, env=env)
         rows = json.loads(out.read_text())
     if not rows:
         return None
@@ -181,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.isolate and args.child_out is None:
         if not names or names[0] != "today":
             raise SystemExit("--variants must start with today (the baseline of the ratios)")
-        results = [run_isolated(name, argv if argv is not None else sys.argv[1:]) for name in names]
+        results = [run_isolated(name, args) for name in names]
         results = [r for r in results if r is not None]
         machine = describe(dtype=ecfg.generator.dtype, preset=args.preset, questions=args.limit, isolated=True,
                            max_new_tokens=ecfg.rollout.max_total_tokens, max_turns=ecfg.rollout.max_turns,
