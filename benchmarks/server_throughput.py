@@ -464,6 +464,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fixed-mmap", action="store_true", help="Also run our server with glibc's mmap threshold "
                    "fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), the CLI's setting of 2026-11-25..27: the regression.")
     args = p.parse_args(argv)
+    server_file = Path("search_r1") / "search" / "retrieval_server.py"
+    if args.searchr1 is not None and not (args.searchr1 / server_file).is_file():
+        p.error(f"--searchr1 {args.searchr1}: no {server_file} there; pass a checkout of PeterGriffinJin/Search-R1")
     from infra.machine import describe
 
     print(f"machine: {describe()}")  # dtype, CPU flags, threads, load (the numbers below depend on them)

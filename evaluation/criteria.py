@@ -132,14 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object per folder instead")
     ap.add_argument("--resamples", type=int, default=10000)
     args = ap.parse_args(argv)
+    not_dirs = [str(p) for p in args.folders if not p.is_dir()]
+    if not_dirs:
+        ap.error(f"not a folder: {', '.join(not_dirs)}; pass evidence folders, e.g. docs/results/learning/*/")
     results, missing = [], []
-    for f in sorted(p for p in args.folders if p.is_dir()):
+    for f in sorted(args.folders):
         r = evaluate_folder(f, n_resamples=args.resamples)
         if r is None:
             if (f / "heldout_start.jsonl").is_file():
                 missing.append(f.name)
             continue
         results.append(r)
+    if not results and not missing:
+        ap.error("no folder holds heldout_start.jsonl; pass evidence folders, e.g. docs/results/learning/*/")
     if args.json:
         for r in results:
             print(json.dumps({**r.model_dump(), "meets_1_to_4": r.meets_1_to_4}))

@@ -58,3 +58,14 @@ def test_bound_at_float_zero_is_not_above_zero(tmp_path) -> None:
     final = [_row(i, 0.3, 0.3 + (0.1 if i == 0 else 0.0), True, 1.0) for i in range(50)]
     c = evaluate_folder(_write(tmp_path / "rec", start, final), n_resamples=500)
     assert abs(c.f1.low) < 1e-9 and not c.c2_f1
+
+
+def test_cli_names_bad_folders(tmp_path, capsys) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "nope")])
+    assert exc.value.code == 2 and "not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path)])
+    assert exc.value.code == 2 and "no folder holds heldout_start.jsonl" in capsys.readouterr().err
