@@ -160,8 +160,18 @@ def plain_generate(model: Any, tok: Any, prompts: list[str], batch: int, new_tok
     return out
 
 
+def auto_path(model: Any, tok: Any, batch: int, rows: int) -> str:
+    """Which path ``prefix_cache="auto"`` (the library's default, ``TransformersGenerator.uses_prefix_cache``)
+    takes for a call of ``rows`` rows at this batch size on this device: ``cache`` or ``nocache``."""
+    from training.generation.hf import TransformersGenerator
+
+    gen = TransformersGenerator(model, tok, batch_size=batch, bucket_ratio=None, prefix_cache="auto")
+    return "cache" if gen.uses_prefix_cache(rows) else "nocache"
+
+
 def ours(model: Any, tok: Any, prompts: list[str], batch: int, new_tokens: int, cache: bool) -> list[list[int]]:
-    """The library's engine, as the rollouts call it (Search-R1's stop strings, per-row budgets)."""
+    """The library's engine, as the rollouts call it (Search-R1's stop strings, per-row budgets), with the prefix
+    cache forced on or off."""
     from training.generation.base import SamplingParams
     from training.generation.hf import TransformersGenerator
 
@@ -199,9 +209,12 @@ def profile_paths(model: Any, tok: Any, device: str, batch: int = 16, new: int =
 
 
 def bench_generation(model: Any, tok: Any, device: str, quick: bool, batches: list[int] | None = None,
-                     decode_tokens: int = 128, rows_per_batch: int | None = None) -> list[dict[str, Any]]:
+                     decode_tokens: int = 128, rows_per_batch: int | None = None,
+                     repeats: int = 2) -> list[dict[str, Any]]:
     """Ours (prefix cache off / on) against plain ``generate`` on the same prompts, decode- and prefill-heavy, per
-    batch size; ``rows_per_batch`` prompts = batch x it (batch 1: 4 prompts), default 2 (1 with ``quick``)."""
+    batch size; ``rows_per_batch`` prompts = batch x it (batch 1: 4 prompts), default 2 (1 with ``quick``); each
+    path timed ``repeats`` times (best kept). ``auto_path`` / ``ratio_auto``: the path the library's default
+    (``prefix_cache="auto"``) takes for that row, and its ratio."""
     rows = []
     shapes = {"decode": decode_tokens, "prefill": 16}
     batches = batches or ([1, 16] if quick else [1, 16, 64])
@@ -213,9 +226,14 @@ def bench_generation(model: Any, tok: Any, device: str, quick: bool, batches: li
             prompts = prompts_for(shape, tok, n)
             plain_generate(model, tok, prompts[:min(2, n)], batch, 4)  # warm-up of every kernel shape family
             ours(model, tok, prompts[:min(2, n)], batch, 4, cache=True)
-            base, t_base = timed(lambda p=prompts, b=batch, k=new: plain_generate(model, tok, p, b, k), device)
-            off, t_off = timed(lambda p=prompts, b=batch, k=new: ours(model, tok, p, b, k, cache=False), device)
-            on, t_on = timed(lambda p=prompts, b=batch, k=new: ours(model, tok, p, b, k, cache=True), device)
+            base, t_base = timed(lambda p=prompts, b=batch, k=new: plain_generate(model, tok, p, b, k), device,
+                                 repeats)
+            off, t_off = timed(lambda p=prompts, b=batch, k=new: ours(model, tok, p, b, k, cache=False), device,
+                               repeats)
+            on, t_on = timed(lambda p=prompts, b=batch, k=new: ours(model, tok, p, b, k, cache=True), device,
+                             repeats)
+            pick = auto_path(model, tok, batch, n)
+            t_auto = t_on if pick == "cache" else t_off
             ntok = sum(len(x) for x in base)
             plen = sum(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts) // len(prompts)
             row = {"shape": shape, "batch": batch, "prompts": n, "mean_prompt_tokens": plen, "new_tokens": new,
@@ -223,11 +241,14 @@ def bench_generation(model: Any, tok: Any, device: str, quick: bool, batches: li
                    "generate_tok_s": round(ntok / t_base, 1),
                    "ratio_nocache": round(t_base / t_off, 3), "ratio_cache": round(t_base / t_on, 3),
                    "cache_vs_nocache": round(t_off / t_on, 3),
+                   "auto_path": pick, "ratio_auto": round(t_base / t_auto, 3),
+                   "auto_vs_nocache": round(t_off / t_auto, 3),
                    "identical_nocache": f"{sum(a == b for a, b in zip(base, off, strict=True))}/{n}",
                    "identical_cache": f"{sum(a == b for a, b in zip(base, on, strict=True))}/{n}"}
             rows.append(row)
             print(f"generation {shape:7s} batch {batch:2d}: generate {t_base:7.3f} s, ours no-cache {t_off:7.3f} s "
-                  f"({row['ratio_nocache']:.2f}x), cache {t_on:7.3f} s ({row['ratio_cache']:.2f}x); identical "
+                  f"({row['ratio_nocache']:.2f}x), cache {t_on:7.3f} s ({row['ratio_cache']:.2f}x); auto picks "
+                  f"{pick} ({row['ratio_auto']:.2f}x, {row['auto_vs_nocache']:.2f}x no-cache); identical "
                   f"{row['identical_nocache']} / {row['identical_cache']}", flush=True)
     return rows
 
@@ -451,6 +472,7 @@ def main() -> int:
     ap.add_argument("--batches", default=None, help="generation batch sizes, e.g. 1,16,64 (default: 1,16,64)")
     ap.add_argument("--decode-tokens", type=int, default=128, help="new tokens of the decode-heavy shape")
     ap.add_argument("--rows-per-batch", type=int, default=None, help="generation prompts per batch size x this")
+    ap.add_argument("--repeats", type=int, default=2, help="timed calls per generation path (best kept)")
     args = ap.parse_args()
 
     import torch
@@ -478,7 +500,7 @@ def main() -> int:
     sections: list[tuple[str, Callable[[], Any]]] = [
         ("generation", lambda: bench_generation(
             model, tok, args.device, args.quick, [int(b) for b in args.batches.split(",")] if args.batches else None,
-            args.decode_tokens, args.rows_per_batch)),
+            args.decode_tokens, args.rows_per_batch, args.repeats)),
         ("profile", lambda: profile_paths(model, tok, args.device, 4 if args.quick else 16, 8 if args.quick else 128)),
         ("profile1", lambda: profile_paths(model, tok, args.device, 1, 8 if args.quick else 128)),
         ("identity", lambda: identity_fp32(model, tok, args.device, args.quick)),

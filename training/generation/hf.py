@@ -4,7 +4,7 @@ per-row stop strings and budgets, and a token-prefix KV cache across calls (``tr
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from training.generation.base import Completion, SamplingParams, cpu_native_bf16, cut_at_stop, regroup
 
@@ -81,16 +81,20 @@ class TransformersGenerator:
         (``training.generation.kv_prefix``):
             a continuation after a document insertion prefills only the new tokens, and a batch's shared template
             is prefilled once. ``reset_prefix_cache()`` forgets them (``run_rollouts`` calls it at start and end,
-            so a cache never outlives the weights it was computed with).
+            so a cache never outlives the weights it was computed with). ``"auto"`` (default) uses it only where
+            it was measured to win (:meth:`uses_prefix_cache`); True / False force it on / off.
         prefix_cache_tokens: memory bound of that cache, in tokens.
     """
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, bucket_ratio: float | None = 1.5,
-                 prefix_cache: bool = True, prefix_cache_tokens: int = 65_536) -> None:
+                 prefix_cache: bool | Literal["auto"] = "auto", prefix_cache_tokens: int = 65_536) -> None:
         from training.generation.kv_prefix import PrefixKVStore
 
+        if prefix_cache not in (True, False, "auto"):
+            raise ValueError(f"prefix_cache must be True, False or 'auto', got {prefix_cache!r}")
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.bucket_ratio = bucket_ratio
+        self.cache_mode = prefix_cache
         self.prefix_cache = PrefixKVStore(max_tokens=prefix_cache_tokens) if prefix_cache else None
         self.eos_token: str | None = tokenizer.eos_token
         tokenizer.padding_side = "left"
@@ -122,6 +126,23 @@ class TransformersGenerator:
         lm, tok = load_model(model, device=device, **kwargs)
         on_cpu = next(lm.parameters()).device.type == "cpu"
         return cls(lm, tok, batch_size=batch_size, bucket_ratio=1.5 if on_cpu else None)
+
+    def uses_prefix_cache(self, rows: int) -> bool:
+        """Whether a call generating ``rows`` rows takes the prefix-cache path.
+
+        ``prefix_cache="auto"`` is the rule measured for issue 26 item 1 (``benchmarks/gpu_check.py``; numbers in
+        ``docs/results/engines/``). On CPU, where prefill dominates, the cache path ran 1.5x / 2.1x plain
+        ``generate`` at batch 16 / 64 (a forward batch's shared template is prefilled once) but 0.91-0.93x at batch
+        1, where a forward batch has nothing to share: so CPU uses it only with at least two rows per forward
+        batch. On CUDA (H200, after the decode loop's per-row device synchronisation was removed) it was
+        0.94-1.0x of no cache on single-shot calls and 1.11x on multi-turn rollouts, whose continuations reuse the
+        stored prefixes: so CUDA keeps it, and single-shot callers that never continue pass ``prefix_cache=False``.
+        """
+        if self.prefix_cache is None or rows == 0:
+            return False
+        if self.cache_mode is True:
+            return True
+        return self.device.type != "cpu" or min(self.batch_size, rows) >= 2
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (the weights may have changed since)."""
@@ -160,7 +181,7 @@ class TransformersGenerator:
                 if budgets[i] <= 0:  # the context is full: nothing can be generated
                     out[i] = Completion(text="", finish_reason="length")
         todo = [i for i in range(len(rows)) if out[i] is None]
-        if self.prefix_cache is not None and todo:
+        if self.uses_prefix_cache(len(todo)):
             self._generate_cached([rows[i] for i in todo], [budgets[i] for i in todo], sampling, todo, out)
         else:
             for bucket in length_buckets([len(rows[i]) for i in todo], self.batch_size, self.bucket_ratio):

@@ -83,3 +83,23 @@ def test_store_evicts_entries_of_any_length() -> None:
     store.add([7, 8, 9], kv(3))
     store.add([4, 4, 4, 4], kv(4))  # evicting must not compare entries' arrays of different lengths
     assert [len(e.ids) for e in store.entries] == [3, 4]  # the oldest (5 tokens) went
+
+
+def test_auto_rule_uses_the_cache_only_where_it_was_measured_to_win(tiny, smol_tokenizer) -> None:
+    """prefix_cache="auto" (the default) on CPU: the cache path only with >= 2 rows per forward batch (batch 1 lost
+    to ``generate`` in issue 26's benchmark); True / False force it; anything else is refused."""
+    auto1 = TransformersGenerator(tiny, smol_tokenizer, batch_size=1)
+    auto8 = TransformersGenerator(tiny, smol_tokenizer, batch_size=8)
+    assert auto1.cache_mode == "auto" and auto1.prefix_cache is not None
+    assert not auto1.uses_prefix_cache(4)  # batch 1: nothing to share within a forward batch
+    assert not auto8.uses_prefix_cache(1) and auto8.uses_prefix_cache(2) and not auto8.uses_prefix_cache(0)
+    assert TransformersGenerator(tiny, smol_tokenizer, batch_size=1, prefix_cache=True).uses_prefix_cache(1)
+    assert not TransformersGenerator(tiny, smol_tokenizer, batch_size=8, prefix_cache=False).uses_prefix_cache(8)
+    with pytest.raises(ValueError, match="prefix_cache must be"):
+        TransformersGenerator(tiny, smol_tokenizer, prefix_cache="on")  # type: ignore[arg-type]
+    # the path taken is the one the rule names: batch 1 never touches the store, batch 8 fills it
+    sp = SamplingParams(max_tokens=4)
+    prompts = [TEMPLATE + q for q in ("Who wrote Hamlet?", "When did WW2 end?")]
+    auto1.generate(prompts, sp)
+    auto8.generate(prompts, sp)
+    assert auto1.prefix_cache.entries == [] and auto8.prefix_cache.entries != []
