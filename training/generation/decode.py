@@ -178,5 +178,6 @@ def _hand_over(on_finish: Callable, row: int, j: int, cache: Any, mask: Any, fed
     from training.generation.kv_prefix import cache_layers
 
     cols = mask[j].nonzero().squeeze(-1)
-    layers = [(k[j].index_select(1, cols).clone(), v[j].index_select(1, cols).clone()) for k, v in cache_layers(cache)]
+    # index_select allocates a new tensor: the row's columns outlive the batch cache without a second copy
+    layers = [(k[j].index_select(1, cols), v[j].index_select(1, cols)) for k, v in cache_layers(cache)]
     on_finish(row, layers, fed)

@@ -109,7 +109,7 @@ class PrefixKVStore:
 
         ids = torch.tensor([rows[0][:common]], device=model.device)
         with torch.inference_mode():
-            out = model(input_ids=ids, use_cache=True)
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # only the KV is kept
         self.misses += common
         self.add(rows[0][:common], [(k[0], v[0]) for k, v in cache_layers(out.past_key_values)], shared=True)
 
