@@ -54,6 +54,10 @@ class TRLSearchConfig(StrictModel):
         default="fp32", description="bf16: autocast the policy's forward/backward and the rollouts to bfloat16; "
         "only where the hardware has native bf16 (CPU flags avx512_bf16/amx_bf16, or a bf16 GPU), else an error. "
         "auto: bf16 where the hardware has native bf16, fp32 elsewhere (the demo's setting).")
+    resample_flat_groups: int = Field(
+        default=0, ge=0, description="Dynamic sampling (DAPO): per step, roll out up to this many extra training "
+        "prompts' groups to replace groups whose rollouts all earned the same reward (zero advantage, no gradient); "
+        "0: off.")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="Completions per forward/backward (gradient accumulation over the step's "
         "prompts_per_step x num_generations); None = the whole step at once. Bounds training memory: 16 ReSearch "

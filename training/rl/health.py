@@ -51,6 +51,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "grad_norm": ("grad_norm", "actor/grad_norm"),
     "copied_answer_rate": ("search/copied_answer_rate",),
     "top_answer_share": ("search/top_answer_share",),
+    # dynamic sampling (TRLSearchConfig.resample_flat_groups): share of the step's drawn groups without a reward
+    # spread, and how many were replaced; with it on, "reward" is the trained groups' reward, not the drawn ones'
+    "flat_groups": ("search/flat_groups",),
+    "replaced_groups": ("search/replaced_groups",),
 }
 
 

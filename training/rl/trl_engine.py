@@ -162,11 +162,14 @@ def _make_trainer_class() -> type:
     class SearchGRPOTrainer(GRPOTrainer):
         """GRPOTrainer whose completions come from a multi-turn search rollout with a per-token loss mask."""
 
-        def __init__(self, *args: Any, rollout_fn: RolloutFn, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, rollout_fn: RolloutFn, resample_flat_groups: int = 0, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.rollout_fn = rollout_fn
             self.rollout_seeds = RolloutSeeds(self.args.seed)
             self._pending_rows: list[dict[str, Any]] | None = None
+            self.resample_flat_groups = resample_flat_groups
+            self._presampled: list[RolloutSample] | None = None
+            self._draws = 0
             self._last_samples: list[RolloutSample] = []
             self._full_attention: Any = None
             self.capture_logps = False
@@ -174,6 +177,8 @@ def _make_trainer_class() -> type:
             self.last_loss_inputs: dict[str, Any] | None = None
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+            if self.model.training and self.resample_flat_groups > 0:
+                inputs = self._replace_flat_groups(inputs)
             self._pending_rows = inputs
             out = super()._generate_and_score_completions(inputs)
             width = out["completion_ids"].size(1)
@@ -186,6 +191,14 @@ def _make_trainer_class() -> type:
             rows = self._pending_rows
             if rows is None or len(rows) != len(prompts):
                 raise RuntimeError("search rollouts need the batch rows; call through _generate_and_score_completions")
+            samples, self._presampled = self._presampled or self._rollout(rows), None
+            self._last_samples = samples
+            self._log_search_metrics(samples)
+            self._notify_rollouts(rows, samples)
+            return [s.prompt_ids for s in samples], [s.completion_ids for s in samples], None, {}
+
+        def _rollout(self, rows: list[dict[str, Any]]) -> list[RolloutSample]:
+            """Roll out ``rows`` with the live policy (eval mode, merged adapters / bf16 copy), next seed."""
             was_training = self.model.training
             self.model.eval()
             try:
@@ -197,10 +210,63 @@ def _make_trainer_class() -> type:
                 self.model.train(was_training)
             if len(samples) != len(rows):
                 raise RuntimeError(f"rollout_fn returned {len(samples)} samples for {len(rows)} rows")
+            return samples
+
+        def _total_rewards(self, rows: list[dict[str, Any]], samples: list[RolloutSample]) -> Any:
+            """Each row's weighted reward sum, exactly as TRL will compute it for the advantages."""
             self._last_samples = samples
-            self._log_search_metrics(samples)
-            self._notify_rollouts(rows, samples)
-            return [s.prompt_ids for s in samples], [s.completion_ids for s in samples], None, {}
+            per_func = self._calculate_rewards(rows, [r["prompt"] for r in rows], [s.response for s in samples],
+                                               [s.completion_ids for s in samples])
+            return (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+
+        def _replace_flat_groups(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            """Dynamic sampling (DAPO): roll out the step's groups; for each group whose rollouts all earned the
+            same reward (zero advantage: no gradient), roll out another training prompt's group, up to
+            ``resample_flat_groups`` extra groups per step, and put the first ones with a reward spread in the
+            flat groups' places. The kept rollouts are the ones trained on (no second rollout)."""
+            g = self.num_generations
+            groups = [list(range(i, i + g)) for i in range(0, len(rows), g)]
+            if len(rows) % g or any(len({str(rows[j]["prompt"]) for j in grp}) != 1 for grp in groups):
+                log.warning("dynamic sampling skipped: the step's rows are not consecutive groups of %d", g)
+                return rows
+            samples = self._rollout(rows)
+            rewards = self._total_rewards(rows, samples)
+            flat = [grp for grp in groups if float(rewards[grp].max() - rewards[grp].min()) <= 1e-6]
+            rows, samples = list(rows), list(samples)
+            n_flat, tried, replaced = len(flat), 0, 0
+            used = {str(r["prompt"]) for r in rows}
+            while flat and tried < self.resample_flat_groups:
+                row = self._draw_row(used)
+                if row is None:
+                    break
+                used.add(str(row["prompt"]))
+                cand_rows = [dict(row) for _ in range(g)]
+                cand = self._rollout(cand_rows)
+                tried += 1
+                r = self._total_rewards(cand_rows, cand)
+                if float(r.max() - r.min()) > 1e-6:
+                    for j, idx in enumerate(flat.pop(0)):
+                        rows[idx], samples[idx] = cand_rows[j], cand[j]
+                    replaced += 1
+            self._presampled = samples
+            metrics = self._metrics["train"]
+            metrics["search/flat_groups"].append(n_flat / len(groups))
+            metrics["search/extra_groups"].append(float(tried))
+            metrics["search/replaced_groups"].append(float(replaced))
+            return rows
+
+        def _draw_row(self, used: set[str]) -> dict[str, Any] | None:
+            """A training row whose prompt this step has not used, drawn with a seeded generator (reproducible)."""
+            import random
+
+            data = self.train_dataset
+            rng = random.Random(rollout_seed(self.args.seed, self.state.global_step, 10_000 + self._draws))
+            for _ in range(8 * len(data)):
+                self._draws += 1
+                row = data[rng.randrange(len(data))]
+                if str(row["prompt"]) not in used:
+                    return dict(row)
+            return None
 
         def _log_search_metrics(self, samples: list[RolloutSample]) -> None:
             mode = "train" if self.model.training else "eval"
@@ -329,7 +395,8 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
     cls = trainer_class()
     return cls(model=model, reward_funcs=list(reward_funcs), args=grpo_args(cfg, output_dir),
                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config(cfg),
-               callbacks=[*(callbacks or []), progress_callback()], rollout_fn=rollout_fn)
+               callbacks=[*(callbacks or []), progress_callback()], rollout_fn=rollout_fn,
+               resample_flat_groups=cfg.resample_flat_groups)
 
 
 def progress_callback(name: str = "training") -> Any:

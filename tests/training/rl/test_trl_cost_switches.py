@@ -189,3 +189,48 @@ def test_auto_precision_follows_the_hardware(monkeypatch, tmp_path) -> None:
     assert trl_engine.resolved_precision(cfg) == "bf16"
     assert trl_engine.grpo_args(cfg, str(tmp_path)).bf16
     assert trl_engine.resolved_precision(TRLSearchConfig(precision="fp32")) == "fp32"
+
+
+def test_dynamic_sampling_replaces_groups_without_reward_spread(tiny_model, tmp_path) -> None:
+    """resample_flat_groups: a group whose rollouts all earn the same reward (q1 here) carries no advantage, so the
+    trainer rolls out another training prompt's group and trains on it instead; with nothing to replace it by,
+    the flat group stays."""
+    from training.rl.trl_engine import build_trainer
+
+    calls: list[list[str]] = []
+
+    def rollout(rows, model, tokenizer, seed=None) -> list[RolloutSample]:
+        calls.append([r["question_id"] for r in rows])
+        out = []
+        for k, r in enumerate(rows):
+            text = "answer 0" if r["question_id"] == "q1" else f"answer {k}"  # q1: every rollout alike
+            ids = tokenizer(f" {text} <answer>", add_special_tokens=False)["input_ids"]
+            out.append(RolloutSample(prompt_ids=tokenizer(r["prompt"])["input_ids"], completion_ids=ids,
+                                     loss_mask=[1] * len(ids), response=text, num_searches=1,
+                                     finish_reason="answer", format_ok=True, extra={"final_answer": text}))
+        return out
+
+    rows = _rows() + [{"prompt": "Question: Who wrote Hamlet?\n", "question": "Who wrote Hamlet?",
+                       "question_id": "q3", "golden_answers": ["Shakespeare"]}]
+    cfg = TRLSearchConfig(num_generations=2, prompts_per_step=2, max_steps=1, save_steps=100, learning_rate=1e-2,
+                          max_completion_length=32, beta=0.0, resample_flat_groups=3)
+    trainer = build_trainer(cfg, tiny_model, rows, [_reward], rollout, str(tmp_path / "out"))
+    trainer.train()
+    log = [h for h in trainer.state.log_history if "search/flat_groups" in h][-1]
+    step_qids = set(calls[0])
+    assert step_qids == {"q1", "q3"}  # TRL's seeded sampler (seed 0) draws q1 and q3 for the step
+    # q1's group was flat: the one unused prompt (q2) was rolled out and trained in its place
+    assert log["search/flat_groups"] == pytest.approx(0.5) and log["search/replaced_groups"] == 1.0
+    assert log["search/extra_groups"] == 1.0 and calls[1] == ["q2", "q2"] and len(calls) == 2
+    adv = trainer.last_loss_inputs["advantages"]
+    assert bool((adv != 0).all()), "every trained row carries an advantage"
+
+    # no prompt with a spread left to draw: the flat group stays (and is trained on, with zero advantage)
+    only_flat = [_rows()[0], {**_rows()[0], "question_id": "q1", "prompt": "Question: again?\n"}]
+    calls.clear()
+    trainer = build_trainer(cfg.model_copy(update={"prompts_per_step": 1}), tiny_model, only_flat, [_reward],
+                            rollout, str(tmp_path / "out2"))
+    trainer.train()
+    log = [h for h in trainer.state.log_history if "search/flat_groups" in h][-1]
+    assert log["search/flat_groups"] == 1.0 and log["search/replaced_groups"] == 0.0
+    assert log["search/extra_groups"] == 1.0 and len(calls) == 2  # one extra draw (the other prompt), flat too
