@@ -98,7 +98,8 @@ def _ci(p: PairedDiff) -> str:
 
 
 def table(results: Sequence[Criteria], missing: Sequence[str] = ()) -> str:
-    """Markdown table: numbers, criteria 1-4 per folder and criterion 5 on the main folder of a recipe."""
+    """Markdown table: numbers, criteria 1-4 per folder, criterion 5 on the main folder of a recipe, and whether
+    all five hold (the folder meets 1-4 and one of its replicates meets 1-3)."""
     reps: dict[str, list[Criteria]] = {}
     for r in results:
         base = replicate_of(r.folder)
@@ -106,19 +107,20 @@ def table(results: Sequence[Criteria], missing: Sequence[str] = ()) -> str:
             reps.setdefault(base, []).append(r)
     yes = {True: "yes", False: "no"}
     lines = ["| evidence | n | reward Δ [95%] | F1 Δ [95%] | F1 Δ, format-ok both ends (rows) | searches start → "
-             "final | format-ok start → final | 1 | 2 | 3 | 4 | 5 (replicate meets 1-3) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "final | format-ok start → final | 1 | 2 | 3 | 4 | 5 (replicate meets 1-3) | 1-5 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if replicate_of(r.folder):
-            c5 = "(replicate)"
+            c5, all5 = "(replicate)", "-"
         elif r.folder in reps:
             c5 = ", ".join(f"{x.folder}: {yes[x.meets_1_to_3]}" for x in reps[r.folder])
+            all5 = yes[r.meets_1_to_4 and any(x.meets_1_to_3 for x in reps[r.folder])]
         else:
-            c5 = "no replicate"
+            c5, all5 = "no replicate", "no"
         lines.append(f"| {r.folder} | {r.n} | {_ci(r.reward)} | {_ci(r.f1)} | {_ci(r.f1_format_ok_both)} "
                      f"({r.f1_format_ok_both.n}) | {r.searches_start:.2f} → {r.searches_final:.2f} | "
                      f"{r.format_start:.2f} → {r.format_final:.2f} | {yes[r.c1_reward]} | {yes[r.c2_f1]} | "
-                     f"{yes[r.c3_searching]} | {yes[r.c4_not_format_only]} | {c5} |")
+                     f"{yes[r.c3_searching]} | {yes[r.c4_not_format_only]} | {c5} | {all5} |")
     if missing:
         lines.append("")
         lines.append("No final evaluation (stopped before it): " + ", ".join(missing) + ".")

@@ -49,7 +49,17 @@ def test_replicates_and_cli(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "| rec | 30 |" in out and "rec__seed43: no" in out and "(replicate)" in out
     assert "No final evaluation (stopped before it): stopped." in out
+    assert "rec__seed43: no | no |" in out  # 1-5: the replicate does not meet 1-3
     assert table([]).count("\n") == 1
+    # the other way round (the first run flat, its replicate good): the replicate meets 1-3, the run not 1-4
+    _write(tmp_path / "rev", *flat)
+    _write(tmp_path / "rev__seed43", *good)
+    assert main([str(tmp_path / n) for n in ("rev", "rev__seed43")] + ["--resamples", "200"]) == 0
+    assert "rev__seed43: yes | no |" in capsys.readouterr().out
+    _write(tmp_path / "both", *good)
+    _write(tmp_path / "both__seed43", *good)
+    assert main([str(tmp_path / n) for n in ("both", "both__seed43")] + ["--resamples", "200"]) == 0
+    assert "both__seed43: yes | yes |" in capsys.readouterr().out
 
 
 def test_bound_at_float_zero_is_not_above_zero(tmp_path) -> None:
