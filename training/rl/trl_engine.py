@@ -28,6 +28,12 @@ every token: rollouts ran 2x slower than fp32 on this CPU; a copy costs one cast
 the sampled tokens with the training policy. :func:`policy_for_saving` merges LoRA adapters back so a stage's
 ``model/`` is a plain HF folder. ``benchmarks/grpo_step.py`` measures what each switch saves per step.
 
+Dynamic sampling (DAPO; ``TRLSearchConfig.resample_flat_groups``): a group whose rollouts all earn the same reward
+has zero advantage and trains nothing, so before TRL scores a step the trainer rolls out its groups, and for each
+flat one rolls out other training prompts' groups (seeded draws, up to the configured number per step) and puts the
+first with a reward spread in its place; the kept rollouts are the ones trained on. It logs ``search/flat_groups``
+(share of the drawn groups without a spread), ``search/extra_groups`` and ``search/replaced_groups``.
+
 Rewards are TRL ``reward_funcs`` (plain functions); they receive the rollout's full response text (generated +
 inserted) as ``completions`` and per-row extras (``finish_reason``, ``num_searches``, ``format_ok``). Search
 statistics are logged with TRL's metrics (``search/*``), which the health callback reads.
@@ -169,7 +175,6 @@ def _make_trainer_class() -> type:
             self._pending_rows: list[dict[str, Any]] | None = None
             self.resample_flat_groups = resample_flat_groups
             self._presampled: list[RolloutSample] | None = None
-            self._draws = 0
             self._last_samples: list[RolloutSample] = []
             self._full_attention: Any = None
             self.capture_logps = False
@@ -236,7 +241,7 @@ def _make_trainer_class() -> type:
             n_flat, tried, replaced = len(flat), 0, 0
             used = {str(r["prompt"]) for r in rows}
             while flat and tried < self.resample_flat_groups:
-                row = self._draw_row(used)
+                row = self._draw_row(used, tried)
                 if row is None:
                     break
                 used.add(str(row["prompt"]))
@@ -255,14 +260,14 @@ def _make_trainer_class() -> type:
             metrics["search/replaced_groups"].append(float(replaced))
             return rows
 
-        def _draw_row(self, used: set[str]) -> dict[str, Any] | None:
-            """A training row whose prompt this step has not used, drawn with a seeded generator (reproducible)."""
+        def _draw_row(self, used: set[str], attempt: int) -> dict[str, Any] | None:
+            """A training row whose prompt this step has not used, drawn with a generator seeded by the trainer
+            seed, the step and the attempt (a resumed run draws what the uninterrupted one would have)."""
             import random
 
             data = self.train_dataset
-            rng = random.Random(rollout_seed(self.args.seed, self.state.global_step, 10_000 + self._draws))
+            rng = random.Random(rollout_seed(self.args.seed, self.state.global_step, 10_000 + attempt))
             for _ in range(8 * len(data)):
-                self._draws += 1
                 row = data[rng.randrange(len(data))]
                 if str(row["prompt"]) not in used:
                     return dict(row)
