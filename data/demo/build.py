@@ -93,5 +93,6 @@ def main(argv: list[str] | None = None) -> int:
 
     return run(build, __doc__.splitlines()[0], Path(__file__).resolve().parent, argv)
 
+
 if __name__ == "__main__":
     raise SystemExit(main())

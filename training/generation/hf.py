@@ -135,8 +135,10 @@ class TransformersGenerator:
         ``generate`` at batch 16 / 64 (a forward batch's shared template is prefilled once) but 0.91-0.93x at batch
         1, where a forward batch has nothing to share: so CPU uses it only with at least two rows per forward
         batch. On CUDA (H200, after the decode loop's per-row device synchronisation was removed) it was
-        0.94-1.0x of no cache on single-shot calls and 1.11x on multi-turn rollouts, whose continuations reuse the
-        stored prefixes: so CUDA keeps it, and single-shot callers that never continue pass ``prefix_cache=False``.
+        0.94-0.98x of no cache on single-shot calls at batch 16/64 (0.79x at batch 1, where that GPU is
+        launch-bound and run-to-run noise was larger) and 1.11x on multi-turn rollouts, whose continuations reuse
+        the stored prefixes: so CUDA keeps it; a single-shot caller that never continues can pass
+        ``prefix_cache=False``.
         """
         if self.prefix_cache is None or rows == 0:
             return False

@@ -57,7 +57,7 @@ class TRLSearchConfig(StrictModel):
     resample_flat_groups: int = Field(
         default=0, ge=0, description="Dynamic sampling (DAPO): per step, roll out up to this many extra training "
         "prompts' groups to replace groups whose rollouts all earned the same reward (zero advantage, no gradient); "
-        "0: off.")
+        "0: off. Every rollout, replaced or kept, goes to the stage's rollout records.")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="Completions per forward/backward (gradient accumulation over the step's "
         "prompts_per_step x num_generations); None = the whole step at once. Bounds training memory: 16 ReSearch "
