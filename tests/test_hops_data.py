@@ -38,6 +38,12 @@ def test_parts_are_disjoint_and_answerable() -> None:
     assert len(texts) == len(set(texts))
     train_parents = {r["metadata"]["parent_id"] for n in ("warmup", "rl") for r in parts[n]}
     assert not train_parents & {r["metadata"]["parent_id"] for r in parts["heldout"]}
+    large = _rows("2wiki_hops_heldout600.jsonl")  # attempt 10's held-out set: the 210 first, then 390 more
+    assert len(large) == 600 and large[:210] == parts["heldout"]
+    assert not train_parents & {r["metadata"]["parent_id"] for r in large}
+    train_texts = {r["question"].lower() for n in ("warmup", "rl") for r in parts[n]}
+    assert not train_texts & {r["question"].lower() for r in large}
+    assert len({r["question"].lower() for r in large}) == 600
     for rows in parts.values():
         for r in rows:
             assert r["metadata"]["qa_pairs"] == [{"question": r["question"], "answer": r["golden_answers"][0]}]

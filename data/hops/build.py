@@ -18,7 +18,9 @@ Selection (fixed, no randomness; rows 0-based; decided before any model saw thes
 - ``2wiki_hops_warmup.jsonl``: triples of rows 0-249 of ``train/2wikimultihopqa_train_migres.jsonl`` (warm-up SFT);
 - ``2wiki_hops_rl.jsonl``: triples of rows 250-499 of the same file (the RL questions; disjoint from the warm-up's);
 - ``2wiki_hops_heldout.jsonl``: the first ``HELDOUT_SIZE`` triples of ``eval/2wikimultihopqa_dev.jsonl`` from row
-  50 on (past the eval mini), dropping any whose question text or parent id occurs in the training files.
+  50 on (past the eval mini), dropping any whose question text or parent id occurs in the training files;
+- ``2wiki_hops_heldout600.jsonl``: the first ``HELDOUT_LARGE_SIZE`` of the same sequence (its first 210 rows are
+  ``2wiki_hops_heldout.jsonl``, byte for byte): the larger held-out set of issue 27's attempt 10, fixed before it ran.
 
 Question texts are unique within and across the three files. Each row: ``id`` (``<parent id>#<triple index>``),
 ``question``, ``golden_answers`` ([object]), ``dataset`` (``2wiki_hops``), ``split``, ``supporting_titles``,
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 HELDOUT_SIZE = 210
+HELDOUT_LARGE_SIZE = 600
 HELDOUT_START = 50
 TRAIN_SRC = "train/2wikimultihopqa_train_migres.jsonl"
 DEV_SRC = "eval/2wikimultihopqa_dev.jsonl"
@@ -134,9 +137,10 @@ def build(shared: Path, out: Path) -> dict[str, tuple[int, str]]:
     parents = {r["metadata"]["parent_id"] for rows in files.values() for r in rows}
     heldout = take([h for i in range(HELDOUT_START, len(dev_rows))
                     for h in hops_of(dev_rows[i], dev_corpus, "dev", DEV_SRC, i)])
-    if len(heldout) < HELDOUT_SIZE:
-        sys.exit(f"error: only {len(heldout)} held-out hops; {HELDOUT_SIZE} are needed")
+    if len(heldout) < HELDOUT_LARGE_SIZE:
+        sys.exit(f"error: only {len(heldout)} held-out hops; {HELDOUT_LARGE_SIZE} are needed")
     files["2wiki_hops_heldout.jsonl"] = heldout[:HELDOUT_SIZE]
+    files["2wiki_hops_heldout600.jsonl"] = heldout[:HELDOUT_LARGE_SIZE]
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     for name, rows in files.items():
