@@ -162,7 +162,7 @@ def plain_generate(model: Any, tok: Any, prompts: list[str], batch: int, new_tok
 
 def auto_path(model: Any, tok: Any, batch: int, rows: int) -> str:
     """Which path ``prefix_cache="auto"`` (the library's default, ``TransformersGenerator.uses_prefix_cache``)
-    takes for a call of ``rows`` rows at this batch size on this device: ``cache`` or ``nocache``."""
+    takes for a single-shot call of ``rows`` rows at this batch size on this device: ``cache`` or ``nocache``."""
     from training.generation.hf import TransformersGenerator
 
     gen = TransformersGenerator(model, tok, batch_size=batch, bucket_ratio=None, prefix_cache="auto")
@@ -288,6 +288,9 @@ class ForcedSearch:
     def reset_prefix_cache(self) -> None:
         self.inner.reset_prefix_cache()
 
+    def set_multi_turn(self, on: bool) -> None:
+        self.inner.set_multi_turn(on)
+
     def generate(self, prompts: list[str], sampling: Any, max_tokens: list[int] | None = None) -> list[Any]:
         from training.generation.base import Completion
 
@@ -330,6 +333,10 @@ def bench_rollouts(model: Any, tok: Any, device: str, quick: bool) -> dict[str, 
         print(f"rollouts prefix cache {key}: {len(trajs)} trajectories in {secs:.2f} s = {len(trajs) / secs:.2f}/s, "
               f"{res[f'{key}_searches']} searches each", flush=True)
     res["cache_vs_nocache"] = round(res["cache_traj_s"] / res["nocache_traj_s"], 3)
+    probe = TransformersGenerator(model, tok, batch_size=64, bucket_ratio=None, prefix_cache="auto")
+    probe.set_multi_turn(True)  # as run_rollouts sets it
+    res["auto_path"] = "cache" if probe.uses_prefix_cache(len(qs) * cfg.n) else "nocache"
+    print(f"rollouts: auto picks {res['auto_path']} (cache / no cache {res['cache_vs_nocache']:.2f}x)", flush=True)
     return res
 
 

@@ -156,7 +156,10 @@ def run_rollouts(
         protocol = load_protocol(protocol, top_k=cfg.top_k, max_turns=cfg.max_turns)
     tok = tokenizer if tokenizer is not None else getattr(generator, "tokenizer", None)
     reset = getattr(generator, "reset_prefix_cache", None)  # a KV prefix cache never outlives these weights
-    if reset is not None:
+    multi_turn = getattr(generator, "set_multi_turn", None)  # turns are continued: the prefix cache's case
+    if multi_turn is not None:
+        multi_turn(True)
+    elif reset is not None:
         reset()
     try:
         n = len(questions) * cfg.n
@@ -166,7 +169,9 @@ def run_rollouts(
                             unit="token") as bar:
             return _rollout_loop(questions, protocol, generator, searcher, cfg, tok, bar, prepare)
     finally:
-        if reset is not None:
+        if multi_turn is not None:
+            multi_turn(False)
+        elif reset is not None:
             reset()
 
 

@@ -82,7 +82,8 @@ class TransformersGenerator:
             a continuation after a document insertion prefills only the new tokens, and a batch's shared template
             is prefilled once. ``reset_prefix_cache()`` forgets them (``run_rollouts`` calls it at start and end,
             so a cache never outlives the weights it was computed with). ``"auto"`` (default) uses it only where
-            it was measured to win (:meth:`uses_prefix_cache`); True / False force it on / off.
+            it was measured to win (:meth:`uses_prefix_cache`: on CPU with >= 2 rows per forward batch, on CUDA
+            in multi-turn rollouts); True / False force it on / off.
         prefix_cache_tokens: memory bound of that cache, in tokens.
     """
 
@@ -95,6 +96,7 @@ class TransformersGenerator:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.bucket_ratio = bucket_ratio
         self.cache_mode = prefix_cache
+        self.multi_turn = False  # set by run_rollouts (set_multi_turn); the "auto" rule reads it on CUDA
         self.prefix_cache = PrefixKVStore(max_tokens=prefix_cache_tokens) if prefix_cache else None
         self.eos_token: str | None = tokenizer.eos_token
         tokenizer.padding_side = "left"
@@ -134,17 +136,24 @@ class TransformersGenerator:
         ``docs/results/engines/``). On CPU, where prefill dominates, the cache path ran 1.5x / 2.1x plain
         ``generate`` at batch 16 / 64 (a forward batch's shared template is prefilled once) but 0.91-0.93x at batch
         1, where a forward batch has nothing to share: so CPU uses it only with at least two rows per forward
-        batch. On CUDA (H200, after the decode loop's per-row device synchronisation was removed) it was
-        0.94-0.98x of no cache on single-shot calls at batch 16/64 (0.79x at batch 1, where that GPU is
-        launch-bound and run-to-run noise was larger) and 1.11x on multi-turn rollouts, whose continuations reuse
-        the stored prefixes: so CUDA keeps it; a single-shot caller that never continues can pass
-        ``prefix_cache=False``.
+        batch. On CUDA (H200, three runs in sessions 16 and 18) single-shot calls gained nothing from it: cache /
+        no cache 0.79-1.13x, median 0.97 over batch 1/16/64 and both workload shapes; multi-turn rollouts, whose
+        continuations reuse the stored prefixes, ran 1.11x and 1.13x with it. So CUDA uses it only between
+        ``set_multi_turn(True)`` and ``set_multi_turn(False)`` (``run_rollouts`` brackets its turns so).
         """
         if self.prefix_cache is None or rows == 0:
             return False
         if self.cache_mode is True:
             return True
-        return self.device.type != "cpu" or min(self.batch_size, rows) >= 2
+        if self.device.type == "cpu":
+            return min(self.batch_size, rows) >= 2
+        return self.multi_turn
+
+    def set_multi_turn(self, on: bool) -> None:
+        """Mark the calls that follow as turns of multi-turn rollouts (``on=True``: prompts will be continued after
+        a document insertion, where the prefix cache wins on CUDA) or not; forgets every cached prefix either way."""
+        self.multi_turn = on
+        self.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (the weights may have changed since)."""

@@ -328,6 +328,14 @@ class ForcedFirstStep:
         if reset is not None:
             reset()
 
+    def set_multi_turn(self, on: bool) -> None:
+        """Forward ``run_rollouts``' multi-turn bracket to the wrapped generator, when it takes one."""
+        multi_turn = getattr(self.inner, "set_multi_turn", None)
+        if multi_turn is not None:
+            multi_turn(on)
+        else:
+            self.reset_prefix_cache()
+
     def generate(self, prompts: list[str], sampling: SamplingParams,
                  max_tokens: list[int] | None = None) -> list[Completion]:
         """Forced completions for registered prompts; the rest from the wrapped generator (one batched call)."""

@@ -103,3 +103,51 @@ def test_auto_rule_uses_the_cache_only_where_it_was_measured_to_win(tiny, smol_t
     auto1.generate(prompts, sp)
     auto8.generate(prompts, sp)
     assert auto1.prefix_cache.entries == [] and auto8.prefix_cache.entries != []
+    auto8.set_multi_turn(True)  # a new multi-turn session starts from an empty cache
+    assert auto8.prefix_cache.entries == [] and auto8.multi_turn
+
+
+def test_auto_rule_on_cuda_uses_the_cache_in_multi_turn_rollouts_only(tiny, smol_tokenizer) -> None:
+    """On CUDA single-shot calls gained nothing from the cache (median 0.97x of no cache), multi-turn rollouts
+    1.11-1.13x: "auto" takes the cache path only between set_multi_turn(True) and (False), which run_rollouts
+    brackets its turns with; the device is faked, the rule only reads its type."""
+    import torch
+
+    class OnCuda(TransformersGenerator):
+        @property
+        def device(self) -> torch.device:
+            return torch.device("cuda")
+
+    gen = OnCuda(tiny, smol_tokenizer, batch_size=8)
+    assert not gen.uses_prefix_cache(8) and not gen.uses_prefix_cache(1)
+    gen.set_multi_turn(True)
+    assert gen.uses_prefix_cache(8) and gen.uses_prefix_cache(1) and gen.prefix_cache.entries == []
+    gen.set_multi_turn(False)
+    assert not gen.uses_prefix_cache(8)
+    assert OnCuda(tiny, smol_tokenizer, batch_size=8, prefix_cache=True).uses_prefix_cache(8)
+
+
+def test_run_rollouts_brackets_its_turns_as_multi_turn(tiny, smol_tokenizer) -> None:
+    """run_rollouts marks the generator multi-turn for exactly its own duration."""
+    from training.agent.rollout import RolloutConfig, run_rollouts
+    from training.protocols.base import load_protocol
+
+    seen: list[bool] = []
+
+    class Watched(TransformersGenerator):
+        def generate(self, *a, **k):  # type: ignore[no-untyped-def]
+            seen.append(self.multi_turn)
+            return super().generate(*a, **k)
+
+    class NoHits:
+        name = "none"
+
+        def search(self, queries: list[str], k: int) -> list[list]:
+            return [[] for _ in queries]
+
+    gen = Watched(tiny, smol_tokenizer, batch_size=4)
+    from evaluation.benchmarks import Question
+
+    qs = [Question(id="q1", question="Who wrote Hamlet?", golden_answers=["Shakespeare"], dataset="t")]
+    run_rollouts(qs, load_protocol("searchr1"), gen, NoHits(), RolloutConfig(n=2, max_total_tokens=8), smol_tokenizer)
+    assert seen and all(seen) and gen.multi_turn is False
