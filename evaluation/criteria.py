@@ -11,7 +11,9 @@ From those rows alone (no run, no summary file), with the paired bootstrap of :m
 5. a replicate with other seeds (a folder ``<recipe>__seed<N>``) meets 1-3 too.
 
 ``python -m evaluation.criteria docs/results/learning/*/`` prints the table as markdown (``--json`` for rows);
-folders without both files (attempts stopped before their final evaluation) are listed as such.
+folders without both files (attempts stopped before their final evaluation) are listed as such. ``--ids FILE``
+restricts every folder to the questions whose ``id`` a JSONL file lists (e.g. the first 210 rows of a larger
+held-out set: ``--ids data/hops/2wiki_hops_heldout.jsonl``); a folder holding none of them is skipped.
 """
 
 from __future__ import annotations
@@ -65,13 +67,28 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
 
 
-def evaluate_folder(folder: str | Path, n_resamples: int = 10000, seed: int = 0) -> Criteria | None:
-    """Criteria of one evidence folder; None when it lacks a start or final evaluation."""
+def read_ids(path: str | Path) -> set[str]:
+    """The ``id`` of every row of a JSONL file (a held-out set or an evidence file)."""
+    ids = {str(r["id"]) for r in _rows(Path(path)) if "id" in r}
+    if not ids:
+        raise ValueError(f"{path} holds no rows with an 'id' field; pass a JSONL file of questions")
+    return ids
+
+
+def evaluate_folder(folder: str | Path, n_resamples: int = 10000, seed: int = 0,
+                    ids: set[str] | None = None) -> Criteria | None:
+    """Criteria of one evidence folder; None when it lacks a start or final evaluation (or, with ``ids``, holds
+    none of those questions)."""
     d = Path(folder)
     start_p, final_p = d / "heldout_start.jsonl", d / "heldout_final.jsonl"
     if not (start_p.is_file() and final_p.is_file()):
         return None
     start, final = _rows(start_p), _rows(final_p)
+    if ids is not None:
+        start = [r for r in start if str(r["id"]) in ids]
+        final = [r for r in final if str(r["id"]) in ids]
+        if not start:
+            return None
     diffs = paired_rows(start, final, ["reward", "f1", "n_searches", "format_ok"], n_resamples=n_resamples,
                         seed=seed)
     by_id = {str(r["id"]): r for r in final}
@@ -133,14 +150,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folders", nargs="+", type=Path, help="evidence folders (heldout_start/final.jsonl)")
     ap.add_argument("--json", action="store_true", help="print one JSON object per folder instead")
     ap.add_argument("--resamples", type=int, default=10000)
+    ap.add_argument("--ids", type=Path, default=None,
+                    help="JSONL file whose rows' ids restrict every folder (e.g. data/hops/2wiki_hops_heldout.jsonl)")
     args = ap.parse_args(argv)
+    ids = None
+    if args.ids is not None:
+        if not args.ids.is_file():
+            ap.error(f"--ids {args.ids} does not exist; pass a JSONL file of questions with an 'id' field")
+        try:
+            ids = read_ids(args.ids)
+        except ValueError as exc:
+            ap.error(str(exc))
     not_dirs = [str(p) for p in args.folders if not p.is_dir()]
     if not_dirs:
         ap.error(f"not a folder: {', '.join(not_dirs)}; pass evidence folders, e.g. docs/results/learning/*/")
     results, missing = [], []
     for f in sorted(args.folders):
-        r = evaluate_folder(f, n_resamples=args.resamples)
+        r = evaluate_folder(f, n_resamples=args.resamples, ids=ids)
         if r is None:
+            if (f / "heldout_start.jsonl").is_file() and (f / "heldout_final.jsonl").is_file():
+                continue  # none of --ids' questions
             if (f / "heldout_start.jsonl").is_file():
                 missing.append(f.name)
             continue

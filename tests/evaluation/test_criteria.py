@@ -79,3 +79,23 @@ def test_cli_names_bad_folders(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main([str(tmp_path)])
     assert exc.value.code == 2 and "no folder holds heldout_start.jsonl" in capsys.readouterr().err
+
+
+def test_ids_restrict_every_folder(tmp_path, capsys) -> None:
+    # 40 questions: the first 20 gain, the last 20 are flat; restricted to the last 20 nothing moved
+    start = [_row(i, 0.2, 0.1, True, 1.0) for i in range(40)]
+    final = [_row(i, 0.2 + (0.5 if i < 20 else 0.0), 0.1 + (0.4 if i < 20 else 0.0), True, 1.0) for i in range(40)]
+    _write(tmp_path / "rec", start, final)
+    ids = tmp_path / "subset.jsonl"
+    ids.write_text("".join(json.dumps({"id": f"q{i}", "question": "x"}) + "\n" for i in range(20, 40)))
+    whole = evaluate_folder(tmp_path / "rec", n_resamples=300)
+    part = evaluate_folder(tmp_path / "rec", n_resamples=300, ids={f"q{i}" for i in range(20, 40)})
+    assert whole.n == 40 and whole.c2_f1 and part.n == 20 and not part.c2_f1 and part.f1.diff == 0
+    assert evaluate_folder(tmp_path / "rec", ids={"other"}) is None
+    assert main([str(tmp_path / "rec"), "--ids", str(ids), "--resamples", "200"]) == 0
+    assert "| rec | 20 |" in capsys.readouterr().out
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "rec"), "--ids", str(tmp_path / "missing.jsonl")])
+    assert exc.value.code == 2 and "does not exist" in capsys.readouterr().err
