@@ -173,3 +173,24 @@ def test_a_copied_format_example_or_unchanged_query_is_a_failed_refinement(origi
     for reason in ("copies the template's format example", "unchanged"):
         [r] = refine_rounds(client, RefinerSpec(), [original], low)
         assert r.refined_query is None and reason in (r.error or "")
+
+
+def test_forced_first_step_forwards_the_multi_turn_bracket() -> None:
+    """run_rollouts' set_multi_turn reaches the wrapped engine (its prefix-cache rule reads it); an inner engine
+    without one gets its cache reset instead."""
+    from training.smartsearch.refine import ForcedFirstStep
+
+    calls: list[object] = []
+
+    class WithBracket:
+        def set_multi_turn(self, on: bool) -> None:
+            calls.append(on)
+
+    class ResetOnly:
+        def reset_prefix_cache(self) -> None:
+            calls.append("reset")
+
+    ForcedFirstStep(WithBracket(), {}).set_multi_turn(True)
+    ForcedFirstStep(ResetOnly(), {}).set_multi_turn(False)
+    ForcedFirstStep(object(), {}).set_multi_turn(True)  # neither: nothing to do
+    assert calls == [True, "reset"]
