@@ -80,10 +80,10 @@ class TransformersGenerator:
         prefix_cache: reuse the keys/values of already-seen token prefixes across calls
         (``training.generation.kv_prefix``):
             a continuation after a document insertion prefills only the new tokens, and a batch's shared template
-            is prefilled once. ``reset_prefix_cache()`` forgets them (``run_rollouts`` calls it at start and end,
-            so a cache never outlives the weights it was computed with). ``"auto"`` (default) uses it only where
-            it was measured to win (:meth:`uses_prefix_cache`: on CPU with >= 2 rows per forward batch, on CUDA
-            in multi-turn rollouts); True / False force it on / off.
+            is prefilled once. ``reset_prefix_cache()`` forgets them (``run_rollouts`` clears them at start and
+            end through ``set_multi_turn``, so a cache never outlives the weights it was computed with).
+            ``"auto"`` (default) uses it only where it was measured to win (:meth:`uses_prefix_cache`: on CPU with
+            >= 2 rows per forward batch, on CUDA in multi-turn rollouts); True / False force it on / off.
         prefix_cache_tokens: memory bound of that cache, in tokens.
     """
 
