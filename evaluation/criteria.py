@@ -69,7 +69,12 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 def read_ids(path: str | Path) -> set[str]:
     """The ``id`` of every row of a JSONL file (a held-out set or an evidence file)."""
-    ids = {str(r["id"]) for r in _rows(Path(path)) if "id" in r}
+    try:
+        rows = _rows(Path(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not a JSONL file ({exc}); pass a JSONL file of questions with an 'id' "
+                         "field") from exc
+    ids = {str(r["id"]) for r in rows if isinstance(r, dict) and "id" in r}
     if not ids:
         raise ValueError(f"{path} holds no rows with an 'id' field; pass a JSONL file of questions")
     return ids
@@ -164,16 +169,20 @@ def main(argv: list[str] | None = None) -> int:
     not_dirs = [str(p) for p in args.folders if not p.is_dir()]
     if not_dirs:
         ap.error(f"not a folder: {', '.join(not_dirs)}; pass evidence folders, e.g. docs/results/learning/*/")
-    results, missing = [], []
+    results, missing, outside = [], [], []
     for f in sorted(args.folders):
         r = evaluate_folder(f, n_resamples=args.resamples, ids=ids)
         if r is None:
             if (f / "heldout_start.jsonl").is_file() and (f / "heldout_final.jsonl").is_file():
-                continue  # none of --ids' questions
+                outside.append(f.name)  # none of --ids' questions
+                continue
             if (f / "heldout_start.jsonl").is_file():
                 missing.append(f.name)
             continue
         results.append(r)
+    if not results and outside:
+        ap.error(f"no folder holds any question of --ids {args.ids} ({', '.join(outside)}); pass the held-out file "
+                 "those folders were evaluated on, or a part of it")
     if not results and not missing:
         ap.error("no folder holds heldout_start.jsonl; pass evidence folders, e.g. docs/results/learning/*/")
     if args.json:

@@ -99,3 +99,12 @@ def test_ids_restrict_every_folder(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main([str(tmp_path / "rec"), "--ids", str(tmp_path / "missing.jsonl")])
     assert exc.value.code == 2 and "does not exist" in capsys.readouterr().err
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"id": "elsewhere"}) + "\n")
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "rec"), "--ids", str(other)])
+    assert exc.value.code == 2 and "no folder holds any question of --ids" in capsys.readouterr().err
+    (tmp_path / "ids.txt").write_text("q1\nq2\n")  # not JSONL: a clear error, not a traceback
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "rec"), "--ids", str(tmp_path / "ids.txt")])
+    assert exc.value.code == 2 and "is not a JSONL file" in capsys.readouterr().err
