@@ -64,3 +64,31 @@ def test_tail_is_decoded_only_after_a_candidate_token(smol_tokenizer) -> None:
 def test_whitespace_or_non_ascii_stop_checks_every_step(smol_tokenizer) -> None:
     assert StopCheck(smol_tokenizer, ["\n\n"], eos_id=None).could_end is None
     assert StopCheck(smol_tokenizer, ["。"], eos_id=None).could_end is None
+
+
+def test_generate_criterion_keeps_the_new_tokens_on_the_host(smol_tokenizer) -> None:
+    """``_StopCriteria`` decides per step exactly as checking each row's new columns read from ``input_ids``, also
+    when a call skips a step (it then reads the new columns once)."""
+    import torch
+
+    from training.generation.hf import _StopCriteria
+
+    stops = ["</search>", "</answer>"]
+    text = "I need to look. <search>who wrote Hamlet</search> then <answer>Shakespeare</answer> done"
+    ids = smol_tokenizer.encode(text, add_special_tokens=False)
+    rng = random.Random(1)
+    rows = [ids, [rng.randrange(len(smol_tokenizer)) for _ in range(len(ids))], ids[5:] + ids[:5]]
+    prompt = [[7, 8, 9]] * len(rows)
+    budgets = [len(ids), 12, len(ids)]
+    check = StopCheck(smol_tokenizer, stops, eos_id=None)
+    for skip in (None, 4):
+        criteria = _StopCriteria(smol_tokenizer, 3, stops, budgets)
+        expected = [False] * len(rows)
+        for n in range(1, len(ids) + 1):
+            for r, row in enumerate(rows):
+                expected[r] = expected[r] or n >= budgets[r] or check.done(row[:n], budgets[r])
+            if n == skip:
+                continue
+            seqs = torch.tensor([p + row[:n] for p, row in zip(prompt, rows, strict=True)])
+            assert criteria(seqs, None).tolist() == expected, (skip, n)
+        assert all(expected)
