@@ -57,3 +57,23 @@ def test_rebuild_matches_committed(tmp_path: Path) -> None:
     written = _builder().build(shared, tmp_path)
     for name in written:
         assert (tmp_path / name).read_bytes() == (HOPS / name).read_bytes(), name
+
+
+def test_r1searcher_stages_label_the_rl_file_only(tmp_path: Path) -> None:
+    """``2wiki_hops_rl_staged.jsonl`` is the RL file plus ``metadata.stage`` (1: the question's top-1 BM25 hit over
+    the training corpus is its paragraph); relabelled by ``data/hops/stages.py`` when the shared data is present."""
+    rl, staged = _rows("2wiki_hops_rl.jsonl"), _rows("2wiki_hops_rl_staged.jsonl")
+    assert len(staged) == len(rl) == 524
+    for a, b in zip(rl, staged, strict=True):
+        stage = b["metadata"].pop("stage")
+        assert stage in (1, 2) and a == b
+    stages = [r["metadata"]["stage"] for r in _rows("2wiki_hops_rl_staged.jsonl")]
+    assert stages.count(1) == 447  # 85%: the share the README gives for the RL questions
+    shared = get_settings().shared_data_dir
+    if not (shared / "corpus" / "train_wiki.jsonl").is_file():
+        pytest.skip("the shared data folder is not beside the repository")
+    spec = importlib.util.spec_from_file_location("hops_stages", HOPS / "stages.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--shared", str(shared), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "2wiki_hops_rl_staged.jsonl").read_bytes() == (HOPS / "2wiki_hops_rl_staged.jsonl").read_bytes()
