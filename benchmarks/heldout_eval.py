@@ -7,6 +7,9 @@ from the 210. Each variant changes only the generator's settings and runs the sa
 - ``today``: ``eval.generator`` as the preset has it (the baseline, measured in the same run);
 - ``batch64``: 64 prompts per forward batch (the rollout loop already sorts each call's prompts into length
   buckets; a bigger batch fills the cores better when turns are short);
+- ``chunk64`` / ``batch64_chunk64``: today's generator (or batch 64) with the questions rolled out 64 at a time
+  through all their turns (``RolloutConfig.chunk``): the prefix KV cache (65,536 tokens) then still holds each
+  row's keys at its second turn, where rolling out the whole set at once evicts most of them first;
 - ``fp32``: float32 weights — the numerical reference: with ``dtype: auto`` the preset runs bf16 where the CPU has
   native bf16 (avx512_bf16 / amx), and this variant says how many greedy answers bf16 changes;
 - ``vllm``: the offline vLLM engine in ``.venv-vllm`` (skipped without it);
@@ -38,7 +41,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("today", "batch64", "fp32", "vllm", "sdpa_steps", "fp32_sdpa_steps", "session14")
+VARIANTS = ("today", "batch64", "chunk64", "batch64_chunk64", "fp32", "vllm", "sdpa_steps", "fp32_sdpa_steps",
+            "session14")
+#: variants that roll the questions out 64 at a time through all their turns (``RolloutConfig.chunk``)
+CHUNKED = ("chunk64", "batch64_chunk64")
 #: variants that decode with sdpa attention at every step (the engine before session 15's eager decode steps)
 SDPA_STEPS = ("sdpa_steps", "fp32_sdpa_steps", "session14")
 
@@ -47,8 +53,10 @@ def variant_generator(base: Any, name: str) -> Any | None:
     """The generator spec of a variant (``today`` is the preset's); None when it cannot run here."""
     if name == "today":
         return base
-    if name == "batch64":
+    if name in ("batch64", "batch64_chunk64"):
         return base.model_copy(update={"batch_size": 64})
+    if name == "chunk64":
+        return base
     if name in ("fp32", "fp32_sdpa_steps"):
         return base.model_copy(update={"dtype": "float32"})
     if name in ("sdpa_steps", "session14"):
@@ -73,6 +81,8 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     from training.agent.rollout import run_rollouts
     from training.generation import decode
 
+    if name in CHUNKED:
+        ecfg = ecfg.model_copy(update={"rollout": ecfg.rollout.model_copy(update={"chunk": 64})})
     t0 = time.perf_counter()
     generator = open_generator(spec)
     load_s = time.perf_counter() - t0
@@ -93,7 +103,8 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
         close()
     tokens = sum(sum(t.loss_mask) for t in trajs)  # generated (trained-on) tokens of the responses
     return {"variant": name, "load_s": load_s, "seconds": seconds, "trajs": trajs, "tokens": tokens,
-            "dtype": spec.dtype, "batch_size": spec.batch_size, "backend": spec.backend}
+            "dtype": spec.dtype, "batch_size": spec.batch_size, "backend": spec.backend,
+            "chunk": ecfg.rollout.chunk}
 
 
 def same(a: list[Any], b: list[Any]) -> tuple[int, int]:
@@ -107,12 +118,13 @@ def report(results: list[dict[str, Any]], machine: dict[str, Any], n: int) -> st
     base = results[0]
     ref = next((r for r in results if r["variant"] == "fp32"), None)
     lines = [f"Held-out evaluation, {n} questions, machine: {json.dumps(machine)}", "",
-             "| variant | backend | dtype | batch | load s | eval s | traj/s | gen tok/s | x today | same answers as "
-             "today | same responses as today | same answers as fp32 |", "|---" * 12 + "|"]
+             "| variant | backend | dtype | batch | chunk | load s | eval s | traj/s | gen tok/s | x today | "
+             "same answers as today | same responses as today | same answers as fp32 |", "|---" * 13 + "|"]
     for r in results:
         ans, resp = same(base["trajs"], r["trajs"])
         vs32 = f"{same(ref['trajs'], r['trajs'])[0]}/{n}" if ref is not None else "-"
-        lines.append(f"| {r['variant']} | {r['backend']} | {r['dtype']} | {r['batch_size']} | {r['load_s']:.1f} | "
+        lines.append(f"| {r['variant']} | {r['backend']} | {r['dtype']} | {r['batch_size']} | "
+                     f"{r.get('chunk') or 'all'} | {r['load_s']:.1f} | "
                      f"{r['seconds']:.1f} | {n / r['seconds']:.3f} | {r['tokens'] / r['seconds']:.1f} | "
                      f"{base['seconds'] / r['seconds']:.2f}x | "
                      f"{ans}/{n} | {resp}/{n} | {vs32} |")

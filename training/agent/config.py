@@ -60,6 +60,12 @@ class RolloutConfig(StrictModel):
         "remaining budget for ReSearch, whose seed caps only the response).")
     max_total_tokens: int = Field(default=8192, ge=1, description="Generated tokens per trajectory in total.")
     max_passes: int = Field(default=40, ge=1, description="Hard cap on generation steps per trajectory.")
+    chunk: int | None = Field(
+        default=None, ge=1, description="Questions rolled out together through all their turns (None: every "
+        "question at once). The transformers backend's prefix KV cache keeps a bounded number of tokens: when all "
+        "of a large set's trajectories take their first turn before any takes its second, most rows' keys are "
+        "evicted before their next turn and prefilled again; a chunk whose trajectories fit the cache continues "
+        "every turn from its stored keys.")
 
 
 class HeldoutSpec(StrictModel):

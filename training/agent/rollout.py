@@ -10,7 +10,9 @@
 Continuation after an insertion reuses what the model has already seen when the generator keeps a prefix KV
 cache (the transformers backend does: ``training.generation.kv_prefix``; vLLM has its own prefix caching), so only the
 inserted documents are prefilled; the cache is reset at the start and end of each call, so it never outlives
-the weights it was computed with. ``benchmarks/rollout.py`` measures the cost against plain generation.
+the weights it was computed with. ``RolloutConfig.chunk`` rolls a large set out a chunk of questions at a time, so
+that the cache, which is bounded, still holds each row's keys at its next turn. ``benchmarks/rollout.py`` measures
+the cost against plain generation.
 
 Training ids and masks (``token_mask``): every response piece is recorded as generated or inserted at insertion time,
 generated pieces with the ids the model sampled. The response ids are built piece by piece: a generated piece
@@ -145,8 +147,9 @@ def run_rollouts(
         searcher: any ``retrieval.types.Searcher`` (in-process index or HTTP client).
         cfg: rollout settings.
         tokenizer: tokenizer for chat templates and masks (default: ``generator.tokenizer`` when it has one).
-        prepare: called once with the new states before the first generation step (e.g. to insert a scripted first
-            search: ``training.rl.search_value``); it may record steps through the protocol's own methods.
+        prepare: called with the new states before their first generation step, once per ``cfg.chunk`` (e.g. to
+            insert a scripted first search: ``training.rl.search_value``); it may record steps through the
+            protocol's own methods.
 
     Returns:
         Trajectories in question order, ``cfg.n`` consecutive samples per question.
@@ -163,11 +166,17 @@ def run_rollouts(
         reset()
     try:
         n = len(questions) * cfg.n
+        size = cfg.chunk or len(questions) or 1
+        out: list[Trajectory] = []
         # progress in generated tokens against the budget (a finished trajectory counts its whole budget): steps are
         # synchronous across trajectories, so finished-trajectory counts would sit at 0 until the last step
         with progress.track(f"rollouts {protocol.name} ({n} trajectories)", total=n * cfg.max_total_tokens,
                             unit="token") as bar:
-            return _rollout_loop(questions, protocol, generator, searcher, cfg, tok, bar, prepare)
+            for start in range(0, len(questions), size):  # the cache is not reset between chunks: the shared
+                offset = len(out) * cfg.max_total_tokens  # template stays; the least recently used rows go
+                out += _rollout_loop(questions[start:start + size], protocol, generator, searcher, cfg, tok, bar,
+                                     prepare, offset)
+            return out
     finally:
         if multi_turn is not None:
             multi_turn(False)
@@ -178,7 +187,7 @@ def run_rollouts(
 def _rollout_loop(
     questions: list[Question], protocol: SearchProtocol, generator: Generator, searcher: Searcher,
     cfg: RolloutConfig, tok: Any | None, bar: progress.Tracker | None = None,
-    prepare: Callable[[list[AgentState]], None] | None = None,
+    prepare: Callable[[list[AgentState]], None] | None = None, done_before: int = 0,
 ) -> list[Trajectory]:
     t0 = time.perf_counter()
     states = [protocol.start(q, tok, sample=j) for q in questions for j in range(cfg.n)]
@@ -194,8 +203,8 @@ def _rollout_loop(
                 s.finish("max_turns")
         active = [i for i, s in enumerate(states) if not s.finished]
         if bar is not None:
-            bar.update(sum(cfg.max_total_tokens if s.finished else min(s.generated_tokens, cfg.max_total_tokens)
-                           for s in states))
+            bar.update(done_before + sum(cfg.max_total_tokens if s.finished
+                                         else min(s.generated_tokens, cfg.max_total_tokens) for s in states))
         if not active:
             break
         tg = time.perf_counter()

@@ -151,3 +151,43 @@ def test_run_rollouts_brackets_its_turns_as_multi_turn(tiny, smol_tokenizer) -> 
     qs = [Question(id="q1", question="Who wrote Hamlet?", golden_answers=["Shakespeare"], dataset="t")]
     run_rollouts(qs, load_protocol("searchr1"), gen, NoHits(), RolloutConfig(n=2, max_total_tokens=8), smol_tokenizer)
     assert seen and all(seen) and gen.multi_turn is False
+
+
+def test_chunked_rollouts_keep_each_rows_keys_until_its_next_turn(tiny, smol_tokenizer) -> None:
+    """``RolloutConfig.chunk``: the same greedy trajectories as rolling every question out at once (fp32), and with
+    a cache too small for the whole set's first turns, every second turn continues from stored keys."""
+    from evaluation.benchmarks import Question
+    from training.agent.rollout import RolloutConfig, run_rollouts
+    from training.protocols.base import load_protocol
+
+    class OneDoc:
+        name = "one"
+
+        def search(self, queries: list[str], k: int) -> list[list]:
+            from retrieval.types import Hit
+
+            return [[Hit(id=f"d{i}", title="T", text=f"a short document about {q}", score=1.0)]
+                    for i, q in enumerate(queries)]
+
+    qs = [Question(id=f"q{i}", question=f"Who wrote book number {i}?", golden_answers=["x"], dataset="t")
+          for i in range(6)]
+    cfg = RolloutConfig(max_total_tokens=24, max_tokens_per_turn=12)
+    runs, stores = {}, {}
+    for chunk in (None, 2):
+        gen = TransformersGenerator(tiny, smol_tokenizer, batch_size=8, prefix_cache=True, prefix_cache_tokens=600)
+        misses: list[int] = []
+        inner = gen.generate
+
+        def watched(prompts, sampling, max_tokens=None, inner=inner, gen=gen, misses=misses):  # type: ignore[no-untyped-def]
+            before = gen.prefix_cache.misses
+            out = inner(prompts, sampling, max_tokens)
+            misses.append(gen.prefix_cache.misses - before)
+            return out
+
+        gen.generate = watched  # type: ignore[method-assign]
+        runs[chunk] = run_rollouts(qs, load_protocol("searchr1"), gen, OneDoc(),
+                                   cfg.model_copy(update={"chunk": chunk}), smol_tokenizer)
+        stores[chunk] = misses
+    assert [t.response for t in runs[None]] == [t.response for t in runs[2]]
+    assert [t.question_id for t in runs[2]] == [q.id for q in qs]
+    assert sum(stores[2]) < sum(stores[None])  # the whole set's second turns re-prefilled evicted rows
