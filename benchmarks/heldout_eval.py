@@ -51,6 +51,8 @@ SDPA_STEPS = ("sdpa_steps", "fp32_sdpa_steps", "session14")
 
 def variant_generator(base: Any, name: str) -> Any | None:
     """The generator spec of a variant (``today`` is the preset's); None when it cannot run here."""
+    if base.backend == "auto":  # the transformers engine is the baseline, whatever `auto` would pick here
+        base = base.model_copy(update={"backend": "transformers"})
     if name == "today":
         return base
     if name in ("batch64", "batch64_chunk64"):
@@ -131,6 +133,24 @@ def report(results: list[dict[str, Any]], machine: dict[str, Any], n: int) -> st
     return "\n".join(lines)
 
 
+def record(results: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """``--record``: the faster of ``today`` (transformers) and ``vllm`` -> ``<home>/engine_choice.json``."""
+    from training.generation.choice import record_choice
+
+    by = {r["variant"]: r for r in results}
+    if "today" not in by or "vllm" not in by:
+        print("--record needs both today and vllm measured (vllm needs .venv-vllm: make vllm-env)", file=sys.stderr)
+        return 2
+    seconds = {"transformers": round(by["today"]["seconds"], 1), "vllm": round(by["vllm"]["seconds"], 1)}
+    winner = min(seconds, key=seconds.__getitem__)
+    n = len(by["today"]["trajs"])
+    answers = same(by["today"]["trajs"], by["vllm"]["trajs"])[0]
+    path = record_choice(winner, seconds, note=f"benchmarks/heldout_eval.py --preset {args.preset}: {n} held-out "
+                         f"questions; same final answers {answers}/{n}")
+    print(f"recorded backend {winner} for this machine in {path}")
+    return 0
+
+
 def run_isolated(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
     """Run one variant in a fresh process (this script with ``--child-out``); its result with plain trajectories.
     ``session14`` starts with glibc's mmap threshold fixed through the environment, from the first allocation."""
@@ -176,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="also write the markdown report here")
     parser.add_argument("--isolate", action="store_true", help="run each variant in a fresh process (session14 "
                         "there starts with MALLOC_MMAP_THRESHOLD_=131072, as the old CLI ran: its full cost)")
+    parser.add_argument("--record", action="store_true", help="write the faster of today (transformers) and vllm "
+                        "to <home>/engine_choice.json for this machine: what `backend: auto` then opens "
+                        "(training/generation/choice.py); needs both variants")
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)  # one variant, results as JSON
     args = parser.parse_args(argv)
 
@@ -196,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         if args.out:
             Path(args.out).write_text(text + "\n")
-        return 0
+        return record(results, args) if args.record else 0
     if args.child_out is not None:
         pass
     elif not names or names[0] != "today":
@@ -226,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
-    return 0
+    return record(results, args) if args.record else 0
 
 
 if __name__ == "__main__":

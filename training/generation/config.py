@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 from infra.config import StrictModel
 from infra.lazy import load_object
 
-Backend = Literal["transformers", "vllm", "openai", "vllm_served"]
+Backend = Literal["auto", "transformers", "vllm", "openai", "vllm_served"]
 
 
 class GeneratorSpec(StrictModel):
@@ -23,8 +23,9 @@ class GeneratorSpec(StrictModel):
         description="'smollm2', an HF folder, a .gguf file, or the served name (openai). Loops that train a policy "
         "(EM, RL) set it to the current checkpoint.",
     )
-    backend: Backend = Field(default="transformers", description="transformers | vllm | openai | vllm_served "
-                             "(vLLM's server from .venv-vllm for one session: EM and evaluation stages).")
+    backend: Backend = Field(default="auto", description="auto | transformers | vllm | openai | vllm_served "
+                             "(vLLM's server from .venv-vllm for one session: EM and evaluation stages); auto = the "
+                             "engine measured faster on this machine (training.generation.choice), else transformers.")
     base_url: str | None = Field(default=None, description="OpenAI-compatible server URL (openai), e.g. "
                                                            "http://127.0.0.1:8001/v1.")
     tokenizer: str | None = Field(
@@ -45,6 +46,14 @@ class GeneratorSpec(StrictModel):
             raise ValueError("backend=openai needs base_url (e.g. http://127.0.0.1:8001/v1, from "
                              "`searchloop serve generator`)")
         return self
+
+    def resolved(self) -> GeneratorSpec:
+        """This spec with ``backend: auto`` replaced by the engine picked for this machine
+        (``training.generation.choice.pick_backend``); any other backend as is."""
+        if self.backend != "auto":
+            return self
+        pick = load_object("training.generation.choice:pick_backend")
+        return self.model_copy(update={"backend": pick()})
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the backend's ``from_model`` (besides the model)."""

@@ -1,7 +1,8 @@
 """One generator reference and one way to open it: :class:`GeneratorSpec` and :func:`open_generator`.
 
 Agent evaluation, EM sampling and evaluation, RL difficulty rollouts and evaluation, and ``searchloop ask`` name
-their generation engine with this model; the backend is spelled one way everywhere: ``transformers`` (in process,
+their generation engine with this model; the backend is spelled one way everywhere: ``auto`` (the default: the
+engine measured faster on this machine, ``training.generation.choice``), ``transformers`` (in process,
 CPU or GPU), ``vllm`` (in process, GPU workers) or ``openai`` (any OpenAI-compatible server:
 ``searchloop serve generator``, ``vllm serve``). The names are the keys of ``training.generation.base.GENERATORS``;
 ``vllm_served`` (for :func:`generator_session` only) starts vLLM's own server from ``.venv-vllm`` for the session
@@ -44,6 +45,7 @@ def open_generator(spec: GeneratorSpec, cached: bool = False) -> Any:
             evaluation flow's per-dataset tasks share one model); loops that train a new checkpoint each
             iteration load fresh.
     """
+    spec = spec.resolved()
     return _cached(spec) if cached else _load(spec)
 
 
@@ -52,6 +54,7 @@ def generator_session(spec: GeneratorSpec) -> Iterator[Any]:
     """The generator of ``spec`` for one stage, released afterwards: a vLLM worker's engine is closed, and
     ``vllm_served`` starts vLLM's OpenAI-compatible server on a free loopback port for the session (our ``openai``
     backend drives it; token ids and logprobs come back for masks and best-of-n) and stops it at the end."""
+    spec = spec.resolved()
     if spec.backend == "vllm_served":
         from training.generation.openai_client import OpenAICompatibleGenerator
         from training.generation.vllm_server import VLLMServer, VLLMServerConfig
@@ -73,6 +76,7 @@ def generator_session(spec: GeneratorSpec) -> Iterator[Any]:
 def _load(spec: GeneratorSpec) -> Any:
     from training.generation.base import load_generator
 
+    spec = spec.resolved()
     if spec.backend == "vllm_served":
         from infra.errors import ConfigError
 
