@@ -57,6 +57,8 @@ class GeneratorSpec(StrictModel):
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the backend's ``from_model`` (besides the model)."""
+        if self.backend == "auto":
+            return self.resolved().engine_kwargs()
         if self.backend == "transformers":
             return {"batch_size": self.batch_size, "device": self.device, "threads": self.threads,
                     "dtype": self.dtype}

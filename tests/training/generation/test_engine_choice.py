@@ -48,3 +48,8 @@ def test_bad_records_are_refused_or_ignored(tmp_path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     assert choice.pick_backend(broken) == "transformers"
+
+
+def test_engine_settings_of_an_auto_spec_are_those_of_the_engine_it_opens() -> None:
+    spec = GeneratorSpec(batch_size=8, dtype="float32")
+    assert spec.engine_kwargs() == GeneratorSpec(backend="transformers", batch_size=8, dtype="float32").engine_kwargs()
