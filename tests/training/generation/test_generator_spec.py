@@ -11,7 +11,7 @@ from training.generation.spec import GeneratorSpec
 
 
 def test_backends_are_the_generator_table() -> None:
-    assert set(GeneratorSpec.model_fields["backend"].annotation.__args__) == set(GENERATORS) | {"vllm_served"}
+    assert set(GeneratorSpec.model_fields["backend"].annotation.__args__) == set(GENERATORS) | {"vllm_served", "auto"}
 
 
 def test_openai_needs_a_url_and_unknown_backends_list_the_valid_ones() -> None:
