@@ -134,20 +134,21 @@ def report(results: list[dict[str, Any]], machine: dict[str, Any], n: int) -> st
 
 
 def record(results: list[dict[str, Any]], args: argparse.Namespace) -> int:
-    """``--record``: the faster of ``today`` (transformers) and ``vllm`` -> ``<home>/engine_choice.json``."""
+    """``--record``: each engine's start and per-question time (``today`` = transformers, ``vllm``) ->
+    ``<home>/engine_choice.json``, what ``backend: auto`` weighs for a caller's question count."""
     from training.generation.choice import record_choice
 
     by = {r["variant"]: r for r in results}
     if "today" not in by or "vllm" not in by:
         print("--record needs both today and vllm measured (vllm needs .venv-vllm: make vllm-env)", file=sys.stderr)
         return 2
-    seconds = {"transformers": round(by["today"]["seconds"], 1), "vllm": round(by["vllm"]["seconds"], 1)}
-    winner = min(seconds, key=seconds.__getitem__)
     n = len(by["today"]["trajs"])
+    costs = {engine: {"load_s": round(by[v]["load_s"], 2), "per_item_s": round(by[v]["seconds"] / n, 4)}
+             for engine, v in (("transformers", "today"), ("vllm", "vllm"))}
     answers = same(by["today"]["trajs"], by["vllm"]["trajs"])[0]
-    path = record_choice(winner, seconds, note=f"benchmarks/heldout_eval.py --preset {args.preset}: {n} held-out "
+    path = record_choice(costs, n, note=f"benchmarks/heldout_eval.py --preset {args.preset}: {n} held-out "
                          f"questions; same final answers {answers}/{n}")
-    print(f"recorded backend {winner} for this machine in {path}")
+    print(f"recorded engine costs for this machine in {path}: {costs}")
     return 0
 
 
@@ -196,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="also write the markdown report here")
     parser.add_argument("--isolate", action="store_true", help="run each variant in a fresh process (session14 "
                         "there starts with MALLOC_MMAP_THRESHOLD_=131072, as the old CLI ran: its full cost)")
-    parser.add_argument("--record", action="store_true", help="write the faster of today (transformers) and vllm "
-                        "to <home>/engine_choice.json for this machine: what `backend: auto` then opens "
-                        "(training/generation/choice.py); needs both variants")
+    parser.add_argument("--record", action="store_true", help="write the start and per-question times of today "
+                        "(transformers) and vllm to <home>/engine_choice.json for this machine: what `backend: auto` "
+                        "weighs (training/generation/choice.py); needs both variants")
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)  # one variant, results as JSON
     args = parser.parse_args(argv)
 

@@ -1,16 +1,18 @@
 """``backend: auto``: the generation engine picked by a measurement made on this machine (issue 26 item 3).
 
-Which engine is faster depends on the machine and the workload: on this project's 2-core AVX512-BF16 CPU our batched
-transformers engine ran search rollouts 2.6-2.7x faster than vLLM's CPU backend (``docs/results/engines/README.md``),
-while vLLM is built for GPUs. So no engine is the default by decree. ``benchmarks/heldout_eval.py --record`` times
-the transformers engine and the offline vLLM engine (``.venv-vllm``) on the same held-out rollouts, and writes the
-faster one, with the ratio and the machine it was measured on, to ``<home>/engine_choice.json``;
-``backend: auto`` (the default of :class:`~training.generation.config.GeneratorSpec`) then opens that engine on a
-machine with the same key (:func:`machine_key`: device, CPU model, core count, native bf16).
+Which engine is faster depends on the machine and on the workload: on this project's 2-core AVX512-BF16 CPU vLLM's
+CPU backend evaluated 210 held-out questions 1.23x faster than our batched transformers engine but took 23 s longer to
+start (``docs/results/engines/README.md``), so for a few questions ours wins; in session 7, on an AVX2-only CPU in
+fp32, vLLM was 0.37x ours. So no engine is the default by decree. ``benchmarks/heldout_eval.py --record`` times both
+engines (start and per question) on the same held-out rollouts and writes them, with the machine they were
+measured on, to ``<home>/engine_choice.json``. ``backend: auto`` (the default of
+:class:`~training.generation.config.GeneratorSpec`) then opens, for a caller that says how many questions it will
+roll out, the engine with the lower ``start + questions x per-question`` time measured on a machine with the same
+key (:func:`machine_key`: device, CPU model, core count, native bf16).
 
-The documented rule where nothing was measured on this machine: ``transformers`` (it runs everywhere, in process,
-and was the faster engine on every CPU measurement made here), with a log line naming the command that measures.
-A recorded ``vllm`` falls back to ``transformers`` when ``.venv-vllm`` is gone.
+The documented rule where nothing was measured on this machine, or the caller does not say its size:
+``transformers`` (it runs everywhere, in process, starts in seconds), with a log line naming the command that
+measures. A recorded ``vllm`` falls back to ``transformers`` when ``.venv-vllm`` is gone.
 """
 
 from __future__ import annotations
@@ -63,14 +65,19 @@ def machine_key() -> str:
     return f"{device} | {model} | {os.cpu_count()} cores | native bf16 {cpu_native_bf16()}"
 
 
-def record_choice(winner: str, seconds: dict[str, float], note: str = "", path: Path | None = None) -> Path:
-    """Record ``winner`` (one of :data:`CHOICES`) for this machine with each engine's measured ``seconds``; the file
-    is rewritten through a temporary file and a rename, other machines' entries kept."""
-    if winner not in CHOICES:
-        raise ValueError(f"winner must be one of {CHOICES}, got {winner!r}")
+def record_choice(costs: dict[str, dict[str, float]], items: int, note: str = "", path: Path | None = None) -> Path:
+    """Record each engine's measured ``{"load_s": start seconds, "per_item_s": seconds per question}`` (engines of
+    :data:`CHOICES`) for this machine, measured on ``items`` questions; the file is rewritten through a temporary
+    file and a rename, other machines' entries kept."""
+    unknown = set(costs) - set(CHOICES)
+    if unknown or not costs:
+        raise ValueError(f"costs must name engines of {CHOICES}, got {sorted(costs)}")
+    for name, c in costs.items():
+        if set(c) != {"load_s", "per_item_s"} or min(c.values()) < 0:
+            raise ValueError(f"{name}: need non-negative load_s and per_item_s, got {c}")
     path = path or choice_path()
     data = _read(path)
-    data[machine_key()] = {"backend": winner, "seconds": seconds, "note": note,
+    data[machine_key()] = {"costs": costs, "items": items, "note": note,
                            "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -79,21 +86,27 @@ def record_choice(winner: str, seconds: dict[str, float], note: str = "", path: 
     return path
 
 
-def pick_backend(path: Path | None = None) -> str:
-    """The engine ``backend: auto`` opens on this machine (see the module docstring)."""
+def pick_backend(items: int | None = None, path: Path | None = None) -> str:
+    """The engine ``backend: auto`` opens on this machine for a workload of ``items`` questions (see the module
+    docstring)."""
     path = path or choice_path()
     entry = _read(path).get(machine_key())
-    if entry is None:
+    costs = entry.get("costs") if isinstance(entry, dict) else None
+    if not isinstance(costs, dict) or not costs:
         log.info("backend auto: no engine measurement for this machine in %s, using %s (measure: %s)", path,
                  DEFAULT, MEASURE)
         return DEFAULT
-    backend = entry.get("backend", DEFAULT)
-    if backend == "vllm" and not _vllm_available():
-        log.warning("backend auto: vllm was measured faster here but .venv-vllm is missing (make vllm-env); "
-                    "using %s", DEFAULT)
+    if items is None:
+        log.info("backend auto: the caller gave no workload size, using %s", DEFAULT)
         return DEFAULT
-    log.info("backend auto: %s (measured %s: %s)", backend, entry.get("measured", "?"), entry.get("seconds", {}))
-    return backend if backend in CHOICES else DEFAULT
+    usable = {k: v for k, v in costs.items() if k in CHOICES and (k != "vllm" or _vllm_available())}
+    if not usable:
+        return DEFAULT
+    times = {k: v["load_s"] + items * v["per_item_s"] for k, v in usable.items()}
+    best = min(times, key=times.__getitem__)
+    log.info("backend auto: %s for %d questions (expected s: %s; measured %s)", best, items,
+             {k: round(t, 1) for k, t in times.items()}, entry.get("measured", "?"))
+    return best
 
 
 def _vllm_available() -> bool:

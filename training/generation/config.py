@@ -47,13 +47,13 @@ class GeneratorSpec(StrictModel):
                              "`searchloop serve generator`)")
         return self
 
-    def resolved(self) -> GeneratorSpec:
-        """This spec with ``backend: auto`` replaced by the engine picked for this machine
-        (``training.generation.choice.pick_backend``); any other backend as is."""
+    def resolved(self, items: int | None = None) -> GeneratorSpec:
+        """This spec with ``backend: auto`` replaced by the engine picked for this machine and a workload of
+        ``items`` questions (``training.generation.choice.pick_backend``); any other backend as is."""
         if self.backend != "auto":
             return self
         pick = load_object("training.generation.choice:pick_backend")
-        return self.model_copy(update={"backend": pick()})
+        return self.model_copy(update={"backend": pick(items)})
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the backend's ``from_model`` (besides the model)."""

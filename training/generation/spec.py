@@ -36,7 +36,7 @@ def served_tokenizer(model: str, tokenizer: str | None) -> Any | None:
         return None
 
 
-def open_generator(spec: GeneratorSpec, cached: bool = False) -> Any:
+def open_generator(spec: GeneratorSpec, cached: bool = False, items: int | None = None) -> Any:
     """Load the generator named by ``spec``.
 
     Args:
@@ -44,8 +44,10 @@ def open_generator(spec: GeneratorSpec, cached: bool = False) -> Any:
         cached: keep (up to two) loaded generators per process and return the same one for an equal spec (the
             evaluation flow's per-dataset tasks share one model); loops that train a new checkpoint each
             iteration load fresh.
+        items: how many questions the caller will roll out (``backend: auto`` weighs an engine's start against
+            its per-question speed: ``training.generation.choice``).
     """
-    spec = spec.resolved()
+    spec = spec.resolved(items)
     return _cached(spec) if cached else _load(spec)
 
 

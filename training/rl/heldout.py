@@ -133,8 +133,8 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     ecfg = eval_config(cfg, resolve_policy(model))
     questions = heldout_questions(cfg)
     t0 = time.perf_counter()
-    trajs = run_rollouts(questions, ecfg.protocol, open_generator(ecfg.generator), open_searcher(ecfg.retrieval),
-                         ecfg.rollout)
+    generator = open_generator(ecfg.generator, items=len(questions))  # auto: the engine faster for this many
+    trajs = run_rollouts(questions, ecfg.protocol, generator, open_searcher(ecfg.retrieval), ecfg.rollout)
     seconds = time.perf_counter() - t0
     from infra.memory import trim_heap
 
