@@ -25,6 +25,17 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (``platform.processor()`` where it is not readable)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def cpu_native_bf16() -> bool:
     """Whether this CPU has native bf16 matmuls (AMX tiles or AVX512-BF16). Without them bf16 is emulated: vLLM
     0.32's CPU runner falls back from oneDNN to torch linears and ran ~19x slower than fp32 here (AVX2 only:

@@ -21,7 +21,6 @@ import datetime
 import json
 import logging
 import os
-import platform
 from pathlib import Path
 from typing import Any
 
@@ -44,25 +43,12 @@ def choice_path() -> Path:
 def machine_key() -> str:
     """What a measurement holds for: the device (a GPU's name, else ``cpu``), the CPU model, its core count and
     whether it has native bf16."""
-    from infra.machine import cpu_native_bf16
+    import torch
 
-    device = "cpu"
-    try:
-        import torch
+    from infra.machine import cpu_model, cpu_native_bf16
 
-        if torch.cuda.is_available():
-            device = f"cuda:{torch.cuda.get_device_name(0)}"
-    except ImportError:  # pragma: no cover - torch is a core dependency
-        pass
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{device} | {model} | {os.cpu_count()} cores | native bf16 {cpu_native_bf16()}"
+    device = f"cuda:{torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
+    return f"{device} | {cpu_model()} | {os.cpu_count()} cores | native bf16 {cpu_native_bf16()}"
 
 
 def record_choice(costs: dict[str, dict[str, float]], items: int, note: str = "", path: Path | None = None) -> Path:
@@ -75,14 +61,13 @@ def record_choice(costs: dict[str, dict[str, float]], items: int, note: str = ""
     for name, c in costs.items():
         if set(c) != {"load_s", "per_item_s"} or min(c.values()) < 0:
             raise ValueError(f"{name}: need non-negative load_s and per_item_s, got {c}")
+    from infra import artifacts
+
     path = path or choice_path()
     data = _read(path)
     data[machine_key()] = {"costs": costs, "items": items, "note": note,
                            "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
+    artifacts.write_json(str(path), data)  # temporary file, then rename
     return path
 
 
@@ -99,7 +84,7 @@ def pick_backend(items: int | None = None, path: Path | None = None) -> str:
     if items is None:
         log.info("backend auto: the caller gave no workload size, using %s", DEFAULT)
         return DEFAULT
-    usable = {k: v for k, v in costs.items() if k in CHOICES and (k != "vllm" or _vllm_available())}
+    usable = {k: v for k, v in costs.items() if k in CHOICES and _valid(v) and (k != "vllm" or _vllm_available())}
     if not usable:
         return DEFAULT
     times = {k: v["load_s"] + items * v["per_item_s"] for k, v in usable.items()}
@@ -110,14 +95,18 @@ def pick_backend(items: int | None = None, path: Path | None = None) -> str:
 
 
 def _vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
+    """vLLM in this environment (found, not imported) or in ``.venv-vllm`` (the ``vllm`` backend uses either)."""
+    import importlib.util
 
-        return True
-    except ImportError:
-        from infra.settings import REPO_ROOT
+    from infra.engine_envs import engine_python
 
-        return (REPO_ROOT / ".venv-vllm" / "bin" / "python").exists()
+    return importlib.util.find_spec("vllm") is not None or engine_python("vllm") is not None
+
+
+def _valid(cost: Any) -> bool:
+    """A cost entry as :func:`record_choice` writes it (a hand-edited file may hold anything)."""
+    return (isinstance(cost, dict) and all(isinstance(cost.get(k), (int, float)) and cost[k] >= 0
+                                           for k in ("load_s", "per_item_s")))
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -60,3 +60,13 @@ def test_bad_records_are_refused_or_ignored(tmp_path) -> None:
 def test_engine_settings_of_an_auto_spec_are_those_of_the_engine_it_opens() -> None:
     spec = GeneratorSpec(batch_size=8, dtype="float32")
     assert spec.engine_kwargs() == GeneratorSpec(backend="transformers", batch_size=8, dtype="float32").engine_kwargs()
+
+
+def test_a_hand_edited_record_with_bad_costs_is_skipped(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "engine_choice.json"
+    choice.record_choice(COSTS, 210, path=path)
+    data = json.loads(path.read_text())
+    data[choice.machine_key()]["costs"]["vllm"] = {"load_s": "fast"}
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(choice, "_vllm_available", lambda: True)
+    assert choice.pick_backend(600, path) == "transformers"  # no KeyError: the bad entry is not a candidate
