@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = [json.loads(line) for line in (HERE / SOURCE).read_text(encoding="utf-8").splitlines() if line.strip()]
     labelled = label(rows, corpus)
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in labelled)
+    from infra import artifacts
+
     target = Path(args.out) / TARGET
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(target)
+    artifacts.write_text(str(target), text)  # temporary file, then rename
     stages = [r["metadata"]["stage"] for r in labelled]
     print(f"{target.name}: {len(rows)} rows, stage 1 {stages.count(1)}, stage 2 {stages.count(2)}, "
           f"sha256 {hashlib.sha256(text.encode()).hexdigest()}")
