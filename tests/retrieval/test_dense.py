@@ -127,3 +127,49 @@ def test_unknown_encoder_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="encoder.model='/nonexistent/model'"):
         SentenceTransformerEncoder(EncoderConfig(model="/nonexistent/model"))
+
+
+def test_query_runtime_rule(monkeypatch) -> None:
+    import retrieval.encoders as encoders
+    from retrieval.encoders import pick_query_runtime
+
+    assert pick_query_runtime("torch", "cpu") == "torch"
+    assert pick_query_runtime("auto", "cuda") == "torch"
+    monkeypatch.setattr(encoders, "onnx_runtime_available", lambda: True)
+    assert pick_query_runtime("auto", "cpu") == "onnx"
+    monkeypatch.setattr(encoders, "onnx_runtime_available", lambda: False)
+    assert pick_query_runtime("auto", "cpu") == "torch"
+    with pytest.raises(ConfigError, match="query_runtime='onnx' needs onnxruntime and optimum-onnx"):
+        pick_query_runtime("onnx", "cpu")
+    with pytest.raises(ConfigError, match="use auto, torch or onnx"):
+        pick_query_runtime("tensorrt", "cpu")
+
+
+@pytest.mark.slow
+def test_onnx_query_encoder_matches_torch(tmp_path, monkeypatch) -> None:
+    from retrieval.encoders import SentenceTransformerEncoder, onnx_export_dir, onnx_runtime_available
+
+    if not onnx_runtime_available():
+        pytest.skip("onnxruntime / optimum-onnx not installed")
+    monkeypatch.setenv("SEARCHLOOP_MODEL_CACHE", str(tmp_path))
+    from infra.settings import get_settings
+
+    get_settings.cache_clear()
+    try:
+        questions = ["Who directed the film Ed Wood?", "Where was the director of Doctor Strange born?", "food"]
+        passage = ["Ed Wood is a 1994 American film."]
+        torch_enc = SentenceTransformerEncoder(EncoderConfig(dtype="float32"), query_runtime="torch")
+        ref = torch_enc.encode(questions, "query")
+        enc = SentenceTransformerEncoder(EncoderConfig(dtype="float32"), query_runtime="onnx")
+        out = enc.encode(questions, "query")
+        export = onnx_export_dir(enc._path)
+        assert export.is_relative_to(tmp_path) and (export / "onnx" / "model.onnx").is_file()
+        assert not [p for p in export.parent.iterdir() if ".tmp-" in p.name]  # written aside, then renamed
+        assert out.shape == ref.shape == (3, 384) and out.dtype == np.float32
+        assert float(np.min(np.sum(out * ref, axis=1))) > 0.9999  # the same vectors, another runtime
+        # passages stay on torch: the ONNX model is only loaded for queries
+        assert np.allclose(enc.encode(passage, "passage"), torch_enc.encode(passage, "passage"), atol=1e-6)
+        again = SentenceTransformerEncoder(EncoderConfig(dtype="float32"), query_runtime="onnx")
+        assert np.allclose(again.encode(questions, "query"), out, atol=1e-6)  # reuses the export
+    finally:
+        get_settings.cache_clear()
