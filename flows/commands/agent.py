@@ -81,7 +81,7 @@ def ask(
 
     searcher = open_searcher(cfg.retrieval)
     with console.status(f"loading {cfg.generator.model} ({cfg.generator.backend})"):
-        generator = open_generator(cfg.generator)
+        generator = open_generator(cfg.generator, items=1)  # one question: backend auto takes the quick start
     with console.status(f"running the agent ({cfg.protocol})"):
         traj = run_rollouts([Question(id="ask", question=question)], cfg.protocol, generator, searcher,
                             cfg.rollout)[0]

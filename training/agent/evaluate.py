@@ -101,7 +101,8 @@ def evaluate_dataset(
     questions = load_benchmark(dataset, limit=cfg.limit)
     if not questions:
         raise ConfigError(f"benchmark {dataset!r} has no questions (check the file or the limit)")
-    generator = generator or open_generator(cfg.generator, cached=True)
+    # backend auto weighs an engine's start against its per-trajectory time for this many (training.generation.choice)
+    generator = generator or open_generator(cfg.generator, cached=True, items=len(questions) * cfg.rollout.n)
     searcher = searcher or open_searcher(cfg.retrieval)
     t0 = time.perf_counter()
     trajs = run_rollouts(questions, cfg.protocol, generator, searcher, cfg.rollout)

@@ -358,7 +358,8 @@ def run_search_value(
             rows = [{**by_id[i], "condition": "own", "docs": [], "extra_search": False} for i in ids]
         else:
             if generator is None:
-                generator = open_generator(ecfg.generator)
+                rolled = sum(1 for d in conds if not (d.kind == "own" and own_rows is not None))
+                generator = open_generator(ecfg.generator, items=len(questions) * rolled)
             trajs = evaluate_condition(questions, cfg.protocol, kwargs, generator, ecfg.rollout, c, searchers,
                                        passages, tok)
             rows = condition_rows(c, trajs, heldout_rows(cfg, trajs, tok))

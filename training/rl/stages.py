@@ -190,7 +190,8 @@ def _policy_rollouts(cfg: RLConfig, model: str, questions: list[Any], n: int, te
     stage = cfg.stages[0]
     protocol = load_protocol(cfg.protocol, top_k=cfg.stage_top_k(stage), max_turns=stage.max_turns,
                              template=cfg.template)
-    gen = open_generator(cfg.eval.generator.model_copy(update={"model": resolve_policy(model)}))
+    gen = open_generator(cfg.eval.generator.model_copy(update={"model": resolve_policy(model)}),
+                         items=len(questions) * n)
     rcfg = RolloutConfig(n=n, temperature=temperature, best_of=1, max_total_tokens=max_tokens, seed=0)
     return run_rollouts(questions, protocol, gen, open_searcher(cfg.retrieval), rcfg)
 
