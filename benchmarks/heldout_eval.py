@@ -10,6 +10,8 @@ from the 210. Each variant changes only the generator's settings and runs the sa
 - ``chunk64`` / ``batch64_chunk64``: today's generator (or batch 64) with the questions rolled out 64 at a time
   through all their turns (``RolloutConfig.chunk``): the prefix KV cache (65,536 tokens) then still holds each
   row's keys at its second turn, where rolling out the whole set at once evicts most of them first;
+- ``chunk64_cache16k``: ``chunk64`` with the prefix KV store bounded at 16,384 tokens instead of 65,536 (issue 26
+  item 4: the bound is ~1.5 GB of bf16 keys and values for SmolLM2-135M; a chunk of 64 rows needs far less);
 - ``fp32``: float32 weights — the numerical reference: with ``dtype: auto`` the preset runs bf16 where the CPU has
   native bf16 (avx512_bf16 / amx), and this variant says how many greedy answers bf16 changes;
 - ``vllm``: the offline vLLM engine in ``.venv-vllm`` (skipped without it);
@@ -20,9 +22,10 @@ from the 210. Each variant changes only the generator's settings and runs the sa
   glibc still serves large requests from heap memory the earlier variants freed, it understates the old cost (a
   fresh process: 68.6 s vs 36.3 s on the demo preset, docs/results/engines/cpu_session15.md).
 
-Printed per variant: seconds, trajectories/s, generated tokens/s, the ratio to ``today`` (target: >= 2x with
-identical greedy outputs), and how many final answers and token streams equal ``today``'s (and ``fp32``'s), with
-the machine record (dtype, CPU flags, threads, load). Example (quiet machine, about 10 minutes)::
+Printed per variant: peak RSS (meaningful with ``--isolate``: each variant's own process), seconds,
+trajectories/s, generated tokens/s, the ratio to ``today`` (target: >= 2x with identical greedy outputs), and how
+many final answers and token streams equal ``today``'s (and ``fp32``'s), with the machine record (dtype, CPU flags,
+threads, load). Example (quiet machine, about 10 minutes)::
 
     PYTHONPATH=. python benchmarks/heldout_eval.py --preset searchr1_learn_cpu --limit 60 \\
         --variants today,fp32,session14 --out docs/results/engines/heldout_eval.md
@@ -41,10 +44,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("today", "batch64", "chunk64", "batch64_chunk64", "fp32", "vllm", "sdpa_steps", "fp32_sdpa_steps",
-            "session14")
+VARIANTS = ("today", "batch64", "chunk64", "batch64_chunk64", "chunk64_cache16k", "fp32", "vllm", "sdpa_steps",
+            "fp32_sdpa_steps", "session14")
 #: variants that roll the questions out 64 at a time through all their turns (``RolloutConfig.chunk``)
-CHUNKED = ("chunk64", "batch64_chunk64")
+CHUNKED = ("chunk64", "batch64_chunk64", "chunk64_cache16k")
+#: variants whose prefix KV store keeps at most this many tokens (the engine's default is 65,536: ~1.5 GB in bf16)
+CACHE_TOKENS = {"chunk64_cache16k": 16_384}
 #: variants that decode with sdpa attention at every step (the engine before session 15's eager decode steps)
 SDPA_STEPS = ("sdpa_steps", "fp32_sdpa_steps", "session14")
 
@@ -57,7 +62,7 @@ def variant_generator(base: Any, name: str) -> Any | None:
         return base
     if name in ("batch64", "batch64_chunk64"):
         return base.model_copy(update={"batch_size": 64})
-    if name == "chunk64":
+    if name in ("chunk64", "chunk64_cache16k"):
         return base
     if name in ("fp32", "fp32_sdpa_steps"):
         return base.model_copy(update={"dtype": "float32"})
@@ -88,6 +93,9 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     t0 = time.perf_counter()
     generator = open_generator(spec)
     load_s = time.perf_counter() - t0
+    store = getattr(generator, "prefix_cache", None)
+    if name in CACHE_TOKENS and store is not None:
+        store.max_tokens = CACHE_TOKENS[name]
     if name == "session14":  # the CLI fixed glibc's mmap threshold for every flow until session 15 (irreversible)
         from infra.memory import fix_mmap_threshold
 
@@ -104,9 +112,11 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     if close is not None:
         close()
     tokens = sum(sum(t.loss_mask) for t in trajs)  # generated (trained-on) tokens of the responses
+    from infra.memory import peak_rss
+
     return {"variant": name, "load_s": load_s, "seconds": seconds, "trajs": trajs, "tokens": tokens,
             "dtype": spec.dtype, "batch_size": spec.batch_size, "backend": spec.backend,
-            "chunk": ecfg.rollout.chunk}
+            "chunk": ecfg.rollout.chunk, "peak_rss_gb": peak_rss()["self"]}
 
 
 def same(a: list[Any], b: list[Any]) -> tuple[int, int]:
@@ -121,7 +131,8 @@ def report(results: list[dict[str, Any]], machine: dict[str, Any], n: int) -> st
     ref = next((r for r in results if r["variant"] == "fp32"), None)
     lines = [f"Held-out evaluation, {n} questions, machine: {json.dumps(machine)}", "",
              "| variant | backend | dtype | batch | chunk | load s | eval s | traj/s | gen tok/s | x today | "
-             "same answers as today | same responses as today | same answers as fp32 |", "|---" * 13 + "|"]
+             "same answers as today | same responses as today | same answers as fp32 | peak RSS GB |",
+             "|---" * 14 + "|"]
     for r in results:
         ans, resp = same(base["trajs"], r["trajs"])
         vs32 = f"{same(ref['trajs'], r['trajs'])[0]}/{n}" if ref is not None else "-"
@@ -129,7 +140,7 @@ def report(results: list[dict[str, Any]], machine: dict[str, Any], n: int) -> st
                      f"{r.get('chunk') or 'all'} | {r['load_s']:.1f} | "
                      f"{r['seconds']:.1f} | {n / r['seconds']:.3f} | {r['tokens'] / r['seconds']:.1f} | "
                      f"{base['seconds'] / r['seconds']:.2f}x | "
-                     f"{ans}/{n} | {resp}/{n} | {vs32} |")
+                     f"{ans}/{n} | {resp}/{n} | {vs32} | {r.get('peak_rss_gb', float('nan')):.2f} |")
     return "\n".join(lines)
 
 
