@@ -118,6 +118,17 @@ def heldout_rows(cfg: Any, trajectories: list[Any], tokenizer: Any, judge: bool 
     return rows
 
 
+def release_generator(generator: Any) -> None:
+    """Free what a generator holds beyond its Python object: its prefix KV store (up to ~1.5 GB of bf16 keys and
+    values for SmolLM2-135M) and, for engines with one, its worker (``close``)."""
+    reset = getattr(generator, "reset_prefix_cache", None)
+    if reset is not None:
+        reset()
+    close = getattr(generator, "close", None)
+    if close is not None:
+        close()
+
+
 def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     """Greedy rollouts of ``model`` on the held-out questions -> ``out_uri/heldout.jsonl`` (+ trajectories,
     manifest last); returns the jsonl path. A directory with a manifest is reused."""
@@ -136,9 +147,14 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     generator = open_generator(ecfg.generator, items=len(questions))  # auto: the engine faster for this many
     trajs = run_rollouts(questions, ecfg.protocol, generator, open_searcher(ecfg.retrieval), ecfg.rollout)
     seconds = time.perf_counter() - t0
+    release_generator(generator)
+    del generator  # the last reference: its weights and prefix KV store go before the heap is trimmed
+    import gc
+
     from infra.memory import trim_heap
 
-    trim_heap()  # the generator's tensors are gone; give their heap pages back (infra/memory.py)
+    gc.collect()
+    trim_heap()  # give the freed pages back (infra/memory.py): the training that follows starts from a small heap
     rows = heldout_rows(cfg, trajs, load_tokenizer(resolve_policy(model)))
     write_trajectories(trajs, artifacts.join(out_uri, "trajectories"), protocol=cfg.protocol)
     artifacts.write_jsonl(path, rows)

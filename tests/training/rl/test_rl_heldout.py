@@ -154,15 +154,36 @@ def test_warmup_keeps_only_trajectories_a_rollout_can_produce(smol_tokenizer) ->
 
 
 @pytest.mark.slow
-def test_evaluate_heldout_writes_rows_once(tmp_path) -> None:
-    """Greedy rollouts of a policy on the held-out questions -> rows with the recipe's reward; a re-run reuses them."""
+def test_evaluate_heldout_writes_rows_once(tmp_path, monkeypatch) -> None:
+    """Greedy rollouts of a policy on the held-out questions -> rows with the recipe's reward; a re-run reuses them.
+    The generator is freed before the heap is trimmed (issue 26 item 4: the training that follows starts small)."""
+    import weakref
+
+    import infra.memory
+    import training.agent.evaluate as agent_evaluate
     from infra import artifacts
     from training.rl.heldout import evaluate_heldout
 
+    opened: list[weakref.ref] = []
+    alive_at_trim: list[bool] = []
+    real_open, real_trim = agent_evaluate.open_generator, infra.memory.trim_heap
+
+    def tracked_open(*args, **kwargs):
+        gen = real_open(*args, **kwargs)
+        opened.append(weakref.ref(gen))
+        return gen
+
+    def tracked_trim() -> bool:
+        alive_at_trim.append(any(ref() is not None for ref in opened))
+        return real_trim()
+
+    monkeypatch.setattr(agent_evaluate, "open_generator", tracked_open)
+    monkeypatch.setattr(infra.memory, "trim_heap", tracked_trim)
     cfg = load_config(RLConfig, "searchr1_learn_cpu", [
         "eval.benchmarks=[hotpotqa_mini]", "eval.offset=48", "eval.corpus=data/corpus/mini.jsonl",
         "eval.max_new_tokens=12"])
     path = evaluate_heldout(cfg, "smollm2", str(tmp_path / "start"))
+    assert opened and alive_at_trim == [False]
     rows = artifacts.read_jsonl(path)
     assert [r["id"] for r in rows] == [q["id"] for q in map(json.loads,
                                                              Path("data/eval/hotpotqa_mini.jsonl").read_text()
