@@ -17,9 +17,6 @@ no request is served from memory. CPU time per query is reported for the server 
 time inside the searcher (from ``/health``) and for the load generator. Threads: torch intra-op threads
 (``--torch-threads``, default 1) and ``--workers`` parallel batches per server process (``--processes``).
 
-``--torch-queries`` runs our server once more with its dense query encoder on torch instead of ONNX Runtime
-(``SEARCHLOOP_QUERY_RUNTIME=torch``; the before of the ONNX query encoder, issue 26 item 7).
-
 With ``--searchr1 <checkout of PeterGriffinJin/Search-R1>`` the dense backend also runs (d) Search-R1's own
 ``retrieval_server.py`` on CPU (``benchmarks/searchr1_server_cpu.py``; one ``POST /retrieve`` per query) and prints
 server/Search-R1 at the top level (target >= 10).
@@ -396,15 +393,6 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
             out["server_fixed_mmap"] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests,
                                                  args.client_procs, args.processes)
         out["server_vs_fixed_mmap"] = out["server"][top]["qps"] / out["server_fixed_mmap"][top]["qps"]
-    if args.torch_queries and backend == "dense":
-        # issue 26 item 7's before: the same server with its query encoder on torch (bf16 where native) instead of
-        # ONNX Runtime (SEARCHLOOP_QUERY_RUNTIME, retrieval/encoders.py)
-        print(f"[{backend}] server_torch_queries (batching=True, SEARCHLOOP_QUERY_RUNTIME=torch)", flush=True)
-        with server_process(index_dir, True, args.workers, args.torch_threads, args.max_wait_ms, args.max_batch,
-                            args.processes, {"SEARCHLOOP_QUERY_RUNTIME": "torch"}) as (url, pid):
-            out["server_torch_queries"] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests,
-                                                    args.client_procs, args.processes)
-        out["server_vs_torch_queries"] = out["server"][top]["qps"] / out["server_torch_queries"][top]["qps"]
     if args.searchr1 is not None and backend == "dense":
         print(f"[{backend}] searchr1 (their retrieval_server.py on CPU, one batch_search per request)", flush=True)
         with searchr1_process(args.searchr1, index_dir, args.torch_threads, args.k) as (url, pid):
@@ -426,7 +414,7 @@ def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
               f"{res['in_process_cpu_ms']:15.2f}                -")
         print(f"{res['backend']:<9} in-process {top:>8}  {res[f'in_process_{top}_qps']:7.1f}        -        -  "
               f"{res[f'in_process_{top}_cpu_ms']:15.2f}                -")
-        for mode in ("server", "server_torch_queries", "server_fixed_mmap", "baseline", "searchr1"):
+        for mode in ("server", "server_fixed_mmap", "baseline", "searchr1"):
             for c in levels if mode in res else ():
                 r = res[mode][c]
                 print(f"{res['backend']:<9} {mode:<17} {c:>8}  {r['qps']:7.1f}  {r['p50_ms']:7.1f}  "
@@ -442,8 +430,6 @@ def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
               f"search share of server CPU (in-process cpu/q / server cpu/q) = {res['cpu_efficiency']:.2f}"
               + (f"; server/the same server with the 2026-11-26 fixed mmap threshold at {top} clients = "
                  f"{res['server_vs_fixed_mmap']:.2f}" if "server_vs_fixed_mmap" in res else "")
-              + (f"; server/the same server with torch queries at {top} clients = "
-                 f"{res['server_vs_torch_queries']:.2f}" if "server_vs_torch_queries" in res else "")
               + (f"; server/Search-R1's server at {top} clients = {res['server_vs_searchr1']:.2f} (target >= 10)"
                  if "server_vs_searchr1" in res else ""))
 
@@ -475,8 +461,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--searchr1", type=Path, default=None, help="A checkout of PeterGriffinJin/Search-R1: also "
                    "measure its own search_r1/search/retrieval_server.py on CPU over the dense index (the issue-26 "
                    "anchor; benchmarks/searchr1_server_cpu.py).")
-    p.add_argument("--torch-queries", action="store_true", help="Also run our server with its query encoder on "
-                   "torch (SEARCHLOOP_QUERY_RUNTIME=torch): the before of the ONNX Runtime query encoder.")
     p.add_argument("--fixed-mmap", action="store_true", help="Also run our server with glibc's mmap threshold "
                    "fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), the CLI's setting of 2026-11-25..27: the regression.")
     args = p.parse_args(argv)
@@ -486,11 +470,6 @@ def main(argv: list[str] | None = None) -> None:
     from infra.machine import describe
 
     print(f"machine: {describe()}")  # dtype, CPU flags, threads, load (the numbers below depend on them)
-    from infra.settings import get_settings
-    from retrieval.encoders import pick_query_runtime
-
-    print(f"dense query encoder: {pick_query_runtime(get_settings().query_runtime, 'cpu')} "
-          f"(SEARCHLOOP_QUERY_RUNTIME={get_settings().query_runtime}); passages: torch", flush=True)
     args.clients = [int(c) for c in args.clients.split(",")]
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.torch_threads)
     queries = load_queries(4096)

