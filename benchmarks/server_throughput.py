@@ -472,6 +472,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {describe()}")  # dtype, CPU flags, threads, load (the numbers below depend on them)
     args.clients = [int(c) for c in args.clients.split(",")]
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.torch_threads)
+    import torch  # already imported by describe() above, so the variables alone no longer set its threads
+
+    torch.set_num_threads(args.torch_threads)  # the in-process reference runs what the servers run
     queries = load_queries(4096)
     print(f"{len(queries)} unique queries; cpu cores: {os.cpu_count()}; torch threads {args.torch_threads}; "
           f"workers {args.workers}; load average {os.getloadavg()[0]:.1f}", flush=True)
