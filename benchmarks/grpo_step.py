@@ -13,7 +13,10 @@ preset's model and runs ``--warmup + --steps`` optimizer steps per variant, timi
 Variants (each a real ``TRLSearchConfig``): ``today`` (the preset as committed), then cumulatively ``lora`` (LoRA
 rank 16, reference = adapter-disabled policy), ``bf16`` (forward/backward under autocast, rollouts with a bf16 copy
 of the merged weights; only where the CPU has native bf16), ``beta0`` (no KL term: no reference pass) and
-``short`` (max_completion_length and max_tokens_per_turn x 2/3).
+``short`` (max_completion_length and max_tokens_per_turn x 2/3); and, on top of ``today`` alone, ``ckpt``
+(activation checkpointing) and ``micro2`` (micro-batches of 2), the memory candidates of issue 26 item 4.
+Each variant's peak RSS during its measured steps is sampled (every 0.1 s); ``--isolate`` runs every variant in a
+fresh process, so the peaks do not inherit an earlier variant's heap.
 Prints trajectories trained per minute per variant and its ratio to ``today``, the bf16 vs fp32 log-prob gap on one
 batch, dtype, CPU flags, threads and load. The model is the preset's base model (the warm-up SFT is skipped: the
 step's cost does not depend on it, though trajectory lengths do; the tokens per trajectory are printed).
@@ -35,10 +38,17 @@ from typing import Any
 BF16_LABEL = "bf16 (autocast train, bf16 copy rollout)"
 REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
+#: variants applied to ``today`` alone (not cumulative): the memory candidates
+EXTRA = ("ckpt", "micro2")
 
 
 def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
-    """The cumulative cheaper settings up to ``name`` (``today`` is the preset as is)."""
+    """The cumulative cheaper settings up to ``name`` (``today`` is the preset as is); ``EXTRA`` variants change
+    ``today`` alone."""
+    if name == "ckpt":
+        return base.model_copy(update={"gradient_checkpointing": True})
+    if name == "micro2":
+        return base.model_copy(update={"micro_batch_size": 2})
     upd: dict[str, Any] = {}
     for step in ORDER[1: ORDER.index(name) + 1]:
         if step == "lora":
@@ -129,7 +139,12 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
     trainer = build_trainer(cfg, model_path, rows, [reward], rollout, str(out / name))
     clock = StepClock(warmup)
     instrument(trainer, clock)
-    trainer.train()
+    peak = RSSPeak(clock)
+    peak.start()
+    try:
+        trainer.train()
+    finally:
+        peak.stop()
     n = len(clock.steps)
     p = {k: v / n for k, v in clock.parts.items()}
     gen = p.pop("_generate_and_score", 0.0)
@@ -143,7 +158,38 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
     trainable = sum(x.numel() for x in trainer.model.parameters() if x.requires_grad)
     return {"name": name, "step_s": step, "parts": parts, "traj_per_min": 60 * trajs / step,
             "tokens_per_traj": sum(clock.tokens) / max(1, len(clock.tokens)), "trainable": trainable,
-            "ref_model": trainer.ref_model is not None, "cfg": cfg}
+            "ref_model": trainer.ref_model is not None, "cfg": cfg, "peak_rss_gb": peak.peak / 1e9}
+
+
+class RSSPeak:
+    """The largest resident set of this process while ``clock`` is measuring, sampled every 0.1 s (Linux
+    ``/proc/self/statm``; 0 elsewhere)."""
+
+    def __init__(self, clock: StepClock) -> None:
+        import threading
+
+        self.clock, self.peak, self._stop = clock, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import os
+
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.wait(0.1):
+            if not self.clock.measuring:
+                continue
+            try:
+                rss = int(Path("/proc/self/statm").read_text().split()[1]) * page
+            except OSError:
+                return
+            self.peak = max(self.peak, rss)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def bf16_gap(model_path: str, rows: list[dict], tokenizer: Any) -> dict[str, float]:
@@ -191,8 +237,8 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
              f"{env_before['nice']}, load (1/5/15 min) before {tuple(round(x, 2) for x in env_before['load_1_5_15'])}"
              f", after {tuple(round(x, 2) for x in env_after['load_1_5_15'])}.", "",
              "| variant | dtype | LoRA | beta | ref model copy | rollout s | reference fwd s | policy fwd/bwd s | "
-             "optimizer s | other s | step s | tokens/traj | trajectories/min | x today |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "optimizer s | other s | step s | tokens/traj | trajectories/min | x today | peak RSS GB (steps) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         c, p = r["cfg"], r["parts"]
         lines.append(
@@ -200,7 +246,7 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
             f"{c.lora_rank or 'full'} | {c.beta} | {'yes' if r['ref_model'] else 'no'} | {p['rollout']:.1f} | "
             f"{p['reference forward']:.1f} | {p['policy forward/backward']:.1f} | {p['optimizer']:.2f} | "
             f"{p['other']:.1f} | {r['step_s']:.1f} | {r['tokens_per_traj']:.0f} | {r['traj_per_min']:.1f} | "
-            f"{r['traj_per_min'] / base['traj_per_min']:.2f} |")
+            f"{r['traj_per_min'] / base['traj_per_min']:.2f} | {r.get('peak_rss_gb', float('nan')):.2f} |")
     best = results[-1]
     lines += ["", f"**Ratio (b)/(a): {best['traj_per_min'] / base['traj_per_min']:.2f}x** trajectories trained per "
               f"minute, `{best['name']}` (all switches up to it) against `today`."]
@@ -209,6 +255,39 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
                       f"{gap['mean_abs']:.4f}, max {gap['max_abs']:.4f} nats "
                       f"(mean log-prob {gap['mean_logp_fp32']:.3f})."]
     return "\n".join(lines) + "\n"
+
+
+def run_isolated(args: argparse.Namespace, names: list[str]) -> int:
+    """``--isolate``: each variant in a fresh process of this script; the same report from their results."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    from training.rl.config import TRLSearchConfig
+
+    results, env_before = [], None
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "result.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--preset", args.preset, "--variants", name,
+                   "--warmup", str(args.warmup), "--steps", str(args.steps), "--threads", str(args.threads),
+                   "--lora-rank", str(args.lora_rank), "--child-out", str(out)]
+            if args.stage:
+                cmd += ["--stage", args.stage]
+            subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+            for r in json.loads(out.read_text()):
+                env_before = env_before or r.pop("env")
+                r.pop("env", None)
+                r["cfg"] = TRLSearchConfig.model_validate(r["cfg"])
+                results.append(r)
+    command = "PYTHONPATH=. nice -n 10 python benchmarks/grpo_step.py " + " ".join(sys.argv[1:])
+    text = report(args.preset, env_before, environment(args.threads), results, None, command, args.warmup,
+                  args.steps)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
 
 
 def main() -> int:
@@ -221,7 +300,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--out", default=None, help="also write the markdown report here")
+    parser.add_argument("--isolate", action="store_true", help="every variant in a fresh process (clean peaks)")
+    parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)  # one variant, its result as JSON
     args = parser.parse_args()
+    names = [v for v in args.variants.split(",") if v]
+    if args.child_out is None and (names[0] != "today" or any(v not in ORDER + EXTRA for v in names)):
+        parser.error(f"--variants must start with today and use {ORDER + EXTRA}")
+    if args.isolate and args.child_out is None:
+        return run_isolated(args, names)
 
     import torch
 
@@ -241,12 +327,8 @@ def main() -> int:
     cfg = load_config(RLConfig, args.preset)
     stage = next(s for s in cfg.stages if args.stage in (None, s.name))
     base = stage.trl
-    names = [v for v in args.variants.split(",") if v]
-    if names[0] != "today" or any(v not in ORDER for v in names):
-        parser.error(f"--variants must start with today and use {ORDER}")
     if not native_bf16():
-        names = [v for v in names if ORDER.index(v) < ORDER.index("bf16")] + [
-            v for v in names if ORDER.index(v) > ORDER.index("bf16")]
+        names = [v for v in names if v in EXTRA or ORDER.index(v) != ORDER.index("bf16")]
         print("no native bf16 here (avx512_bf16/amx_bf16): bf16 variants skipped", file=sys.stderr)
     env_before = environment(args.threads)
     model_path = resolve_model(cfg.model)
@@ -269,6 +351,12 @@ def main() -> int:
         results.append(run_variant(name, tcfg, model_path, rows, reward, rollout, out, args.warmup, args.steps))
         print(f"{name}: {results[-1]['step_s']:.1f} s/step, {results[-1]['traj_per_min']:.1f} traj/min "
               f"({time.perf_counter() - t0:.0f} s with warm-up)", file=sys.stderr, flush=True)
+    if args.child_out is not None:
+        import json
+
+        Path(args.child_out).write_text(json.dumps(
+            [{**r, "cfg": r["cfg"].model_dump(mode="json"), "env": env_before} for r in results]))
+        return 0
     gap = bf16_gap(model_path, rows, tok) if native_bf16() else None
     command = "PYTHONPATH=. nice -n 10 python benchmarks/grpo_step.py " + " ".join(sys.argv[1:])
     text = report(args.preset, env_before, environment(args.threads), results, gap, command, args.warmup, args.steps)
