@@ -248,8 +248,9 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
             f"{p['other']:.1f} | {r['step_s']:.1f} | {r['tokens_per_traj']:.0f} | {r['traj_per_min']:.1f} | "
             f"{r['traj_per_min'] / base['traj_per_min']:.2f} | {r.get('peak_rss_gb', float('nan')):.2f} |")
     best = results[-1]
+    scope = "today with it alone" if best["name"] in EXTRA else "all switches up to it"
     lines += ["", f"**Ratio (b)/(a): {best['traj_per_min'] / base['traj_per_min']:.2f}x** trajectories trained per "
-              f"minute, `{best['name']}` (all switches up to it) against `today`."]
+              f"minute, `{best['name']}` ({scope}) against `today`."]
     if gap:
         lines += ["", f"bf16 autocast vs fp32, per-token log-probs of 4 prompts (same weights): mean |diff| "
                       f"{gap['mean_abs']:.4f}, max {gap['max_abs']:.4f} nats "
