@@ -52,11 +52,12 @@ def open_generator(spec: GeneratorSpec, cached: bool = False, items: int | None 
 
 
 @contextmanager
-def generator_session(spec: GeneratorSpec) -> Iterator[Any]:
-    """The generator of ``spec`` for one stage, released afterwards: a vLLM worker's engine is closed, and
-    ``vllm_served`` starts vLLM's OpenAI-compatible server on a free loopback port for the session (our ``openai``
-    backend drives it; token ids and logprobs come back for masks and best-of-n) and stops it at the end."""
-    spec = spec.resolved()
+def generator_session(spec: GeneratorSpec, items: int | None = None) -> Iterator[Any]:
+    """The generator of ``spec`` for one stage, released afterwards: its prefix KV store is emptied, a vLLM worker's
+    engine is closed, and ``vllm_served`` starts vLLM's OpenAI-compatible server on a free loopback port for the
+    session (our ``openai`` backend drives it; token ids and logprobs come back for masks and best-of-n) and stops it
+    at the end. ``items``: the questions the stage rolls out (``backend: auto``, as :func:`open_generator`)."""
+    spec = spec.resolved(items)
     if spec.backend == "vllm_served":
         from training.generation.openai_client import OpenAICompatibleGenerator
         from training.generation.vllm_server import VLLMServer, VLLMServerConfig
@@ -70,6 +71,9 @@ def generator_session(spec: GeneratorSpec) -> Iterator[Any]:
     try:
         yield gen
     finally:
+        reset = getattr(gen, "reset_prefix_cache", None)  # our engine's prefix KV store (~1.5 GB at most in bf16)
+        if reset is not None:
+            reset()
         close = getattr(gen, "close", None)  # the vLLM worker holds an engine (weights + KV cache)
         if close is not None:
             close()

@@ -20,6 +20,7 @@ evidence folder) does the work; this module supplies the RL side:
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from pathlib import Path
@@ -118,25 +119,15 @@ def heldout_rows(cfg: Any, trajectories: list[Any], tokenizer: Any, judge: bool 
     return rows
 
 
-def release_generator(generator: Any) -> None:
-    """Free what a generator holds beyond its Python object: its prefix KV store (up to ~1.5 GB of bf16 keys and
-    values for SmolLM2-135M) and, for engines with one, its worker (``close``)."""
-    reset = getattr(generator, "reset_prefix_cache", None)
-    if reset is not None:
-        reset()
-    close = getattr(generator, "close", None)
-    if close is not None:
-        close()
-
-
 def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     """Greedy rollouts of ``model`` on the held-out questions -> ``out_uri/heldout.jsonl`` (+ trajectories,
     manifest last); returns the jsonl path. A directory with a manifest is reused."""
-    from training.agent.evaluate import open_generator, open_searcher
+    from training.agent.evaluate import open_searcher
     from training.agent.heldout import means
     from training.agent.records import write_trajectories
     from training.agent.rollout import run_rollouts
     from training.generation.models import load_tokenizer, resolve_policy
+    from training.generation.spec import generator_session
 
     path = artifacts.join(out_uri, "heldout.jsonl")
     if artifacts.read_manifest(out_uri) is not None:
@@ -144,13 +135,11 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     ecfg = eval_config(cfg, resolve_policy(model))
     questions = heldout_questions(cfg)
     t0 = time.perf_counter()
-    generator = open_generator(ecfg.generator, items=len(questions))  # auto: the engine faster for this many
-    trajs = run_rollouts(questions, ecfg.protocol, generator, open_searcher(ecfg.retrieval), ecfg.rollout)
+    # auto: the engine faster for this many questions; the session empties its KV store and closes a worker
+    with generator_session(ecfg.generator, items=len(questions)) as generator:
+        trajs = run_rollouts(questions, ecfg.protocol, generator, open_searcher(ecfg.retrieval), ecfg.rollout)
     seconds = time.perf_counter() - t0
-    release_generator(generator)
-    del generator  # the last reference: its weights and prefix KV store go before the heap is trimmed
-    import gc
-
+    del generator  # the last reference: its weights go before the heap is trimmed
     from infra.memory import trim_heap
 
     gc.collect()

@@ -160,16 +160,16 @@ def test_evaluate_heldout_writes_rows_once(tmp_path, monkeypatch) -> None:
     import weakref
 
     import infra.memory
-    import training.agent.evaluate as agent_evaluate
+    import training.generation.spec as gen_spec
     from infra import artifacts
     from training.rl.heldout import evaluate_heldout
 
     opened: list[weakref.ref] = []
     alive_at_trim: list[bool] = []
-    real_open, real_trim = agent_evaluate.open_generator, infra.memory.trim_heap
+    real_load, real_trim = gen_spec._load, infra.memory.trim_heap
 
-    def tracked_open(*args, **kwargs):
-        gen = real_open(*args, **kwargs)
+    def tracked_load(*args, **kwargs):
+        gen = real_load(*args, **kwargs)
         opened.append(weakref.ref(gen))
         return gen
 
@@ -177,7 +177,7 @@ def test_evaluate_heldout_writes_rows_once(tmp_path, monkeypatch) -> None:
         alive_at_trim.append(any(ref() is not None for ref in opened))
         return real_trim()
 
-    monkeypatch.setattr(agent_evaluate, "open_generator", tracked_open)
+    monkeypatch.setattr(gen_spec, "_load", tracked_load)
     monkeypatch.setattr(infra.memory, "trim_heap", tracked_trim)
     cfg = load_config(RLConfig, "searchr1_learn_cpu", [
         "eval.benchmarks=[hotpotqa_mini]", "eval.offset=48", "eval.corpus=data/corpus/mini.jsonl",
