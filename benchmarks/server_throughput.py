@@ -21,6 +21,10 @@ With ``--searchr1 <checkout of PeterGriffinJin/Search-R1>`` the dense backend al
 ``retrieval_server.py`` on CPU (``benchmarks/searchr1_server_cpu.py``; one ``POST /retrieve`` per query) and prints
 server/Search-R1 at the top level (target >= 10).
 
+``--server-variants "workers=1/max_batch=64/wait=10/torch_threads=2,wait=20"`` also runs the batching server with
+those settings changed (each an extra mode, same clients and queries, in the same run) and prints each variant's
+ratios beside the default server's: how batches form is a property of the settings, measured, not assumed.
+
 Headline command (2-core CPU): ``PYTHONPATH=. python benchmarks/server_throughput.py --workers 2 --max-batch 32
 --min-requests 2000 --inprocess-queries 4096 --repeats 5``
 """
@@ -384,6 +388,14 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
                 print(f"[{backend}] server/in-process calls of {top}, {len(pairs)} interleaved pairs: "
                       + ", ".join(f"{r:.2f}" for r in ratios) + f" (median {statistics.median(ratios):.2f})",
                       flush=True)
+    for name, v in parse_variants(args.server_variants, args).items():
+        print(f"[{backend}] {name} (batching=True, workers {v['workers']}, max batch {v['max_batch']}, max wait "
+              f"{v['wait']} ms, torch threads {v['torch_threads']})", flush=True)
+        with server_process(index_dir, True, v["workers"], v["torch_threads"], v["wait"], v["max_batch"],
+                            args.processes) as (url, pid):
+            out[name] = http_rows(url, pid, queries, args.clients, args.k, args.min_requests, args.client_procs,
+                                  args.processes)
+        out.setdefault("variants", []).append(name)
     if args.fixed_mmap:
         # the regression of 2026-11-26: flows/cli.py fixed glibc's mmap threshold at 128 KiB for every command
         # (2026-11-25 .. 2026-11-27), so the server mmapped and faulted in every buffer above 128 KiB
@@ -406,6 +418,22 @@ def run_backend(backend: str, args: argparse.Namespace, queries: list[str], tmp:
     return out
 
 
+def parse_variants(spec: str | None, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """``"workers=1/max_batch=64,wait=10"`` -> {mode name: settings}; unnamed settings are the command line's."""
+    keys = {"workers": int, "max_batch": int, "wait": float, "torch_threads": int}
+    out: dict[str, dict[str, Any]] = {}
+    for part in filter(None, (spec or "").split(",")):
+        v = {"workers": args.workers, "max_batch": args.max_batch, "wait": args.max_wait_ms,
+             "torch_threads": args.torch_threads}
+        for item in part.strip().split("/"):
+            key, _, value = item.partition("=")
+            if key not in keys or not value:
+                raise SystemExit(f"--server-variants: {item!r} is not one of {sorted(keys)}=<number>")
+            v[key] = keys[key](value)
+        out["server_" + part.strip().replace("/", "_").replace("=", "")] = v
+    return out
+
+
 def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
     top = max(levels)
     print("\nbackend   mode        clients      q/s   p50 ms   p99 ms  server cpu ms/q  client cpu ms/q  batch")
@@ -414,7 +442,7 @@ def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
               f"{res['in_process_cpu_ms']:15.2f}                -")
         print(f"{res['backend']:<9} in-process {top:>8}  {res[f'in_process_{top}_qps']:7.1f}        -        -  "
               f"{res[f'in_process_{top}_cpu_ms']:15.2f}                -")
-        for mode in ("server", "server_fixed_mmap", "baseline", "searchr1"):
+        for mode in ("server", *res.get("variants", []), "server_fixed_mmap", "baseline", "searchr1"):
             for c in levels if mode in res else ():
                 r = res[mode][c]
                 print(f"{res['backend']:<9} {mode:<17} {c:>8}  {r['qps']:7.1f}  {r['p50_ms']:7.1f}  "
@@ -432,6 +460,12 @@ def print_table(results: list[dict[str, Any]], levels: list[int]) -> None:
                  f"{res['server_vs_fixed_mmap']:.2f}" if "server_vs_fixed_mmap" in res else "")
               + (f"; server/Search-R1's server at {top} clients = {res['server_vs_searchr1']:.2f} (target >= 10)"
                  if "server_vs_searchr1" in res else ""))
+        for name in res.get("variants", []):
+            qps = res[name][top]["qps"]
+            print(f"  {name}: {qps:.1f} q/s at {top} clients = {qps / res[f'in_process_{top}_qps']:.2f}x in-process "
+                  f"calls of {top}" + (f", {qps / res['searchr1'][top]['qps']:.2f}x Search-R1's server"
+                                        if "searchr1" in res else "")
+                  + f" (mean batch {res[name][top]['mean_batch']:.1f})")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -461,6 +495,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--searchr1", type=Path, default=None, help="A checkout of PeterGriffinJin/Search-R1: also "
                    "measure its own search_r1/search/retrieval_server.py on CPU over the dense index (the issue-26 "
                    "anchor; benchmarks/searchr1_server_cpu.py).")
+    p.add_argument("--server-variants", default=None, help="Comma-separated extra batching-server settings, each "
+                   "'/'-joined key=value among workers, max_batch, wait (ms), torch_threads; e.g. "
+                   "'wait=10,workers=1/max_batch=64/torch_threads=2'.")
     p.add_argument("--fixed-mmap", action="store_true", help="Also run our server with glibc's mmap threshold "
                    "fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), the CLI's setting of 2026-11-25..27: the regression.")
     args = p.parse_args(argv)

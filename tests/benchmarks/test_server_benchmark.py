@@ -64,3 +64,16 @@ def test_launcher_runs_their_file_on_cpu_on_loopback(tmp_path, monkeypatch) -> N
 def test_launcher_names_the_missing_checkout(tmp_path) -> None:
     with pytest.raises(SystemExit, match="PeterGriffinJin/Search-R1"):
         searchr1_server_cpu.main(["--upstream", str(tmp_path), "--index-dir", str(tmp_path), "--port", "1"])
+
+
+def test_server_variants_override_only_what_they_name() -> None:
+    import argparse
+
+    base = argparse.Namespace(workers=2, max_batch=32, max_wait_ms=2.0, torch_threads=1)
+    got = server_throughput.parse_variants("wait=10, workers=1/max_batch=64/torch_threads=2", base)
+    assert got == {"server_wait10": {"workers": 2, "max_batch": 32, "wait": 10.0, "torch_threads": 1},
+                   "server_workers1_max_batch64_torch_threads2": {"workers": 1, "max_batch": 64, "wait": 2.0,
+                                                                  "torch_threads": 2}}
+    assert server_throughput.parse_variants(None, base) == {}
+    with pytest.raises(SystemExit, match="threads=2"):
+        server_throughput.parse_variants("threads=2", base)
