@@ -19,7 +19,9 @@ Each variant's peak RSS during its measured steps is sampled (every 0.1 s); ``--
 fresh process, so the peaks do not inherit an earlier variant's heap.
 Prints trajectories trained per minute per variant and its ratio to ``today``, the bf16 vs fp32 log-prob gap on one
 batch, dtype, CPU flags, threads and load. The model is the preset's base model (the warm-up SFT is skipped: the
-step's cost does not depend on it, though trajectory lengths do; the tokens per trajectory are printed).
+step's cost does not depend on it, though trajectory lengths do; the tokens per trajectory are printed), or
+``--model <warm-up policy folder>``: the policy a learning run's RL really starts from, whose trajectories search
+and read a paragraph (the base model's make no search and stay short, which understates a real step's memory).
 
 Usage: ``PYTHONPATH=. nice -n 10 python benchmarks/grpo_step.py --preset searchr1_learn_cpu --threads 2``
 (about 6 minutes on 2 cores); ``--variants today,lora`` for a subset; ``--out docs/results/...md`` writes the
@@ -276,6 +278,8 @@ def run_isolated(args: argparse.Namespace, names: list[str]) -> int:
                    "--lora-rank", str(args.lora_rank), "--child-out", str(out)]
             if args.stage:
                 cmd += ["--stage", args.stage]
+            if args.model:
+                cmd += ["--model", args.model]
             subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
             for r in json.loads(out.read_text()):
                 env_before = env_before or r.pop("env")
@@ -295,6 +299,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="searchr1_learn_cpu")
     parser.add_argument("--stage", default=None, help="stage name (default: the first)")
+    parser.add_argument("--model", default=None, help="policy to start from (default: the preset's base model), "
+                        "e.g. the preset's warm-up SFT folder")
     parser.add_argument("--variants", default=",".join(ORDER), help=f"comma list from {ORDER}; today first")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
@@ -332,7 +338,7 @@ def main() -> int:
         names = [v for v in names if v in EXTRA or ORDER.index(v) != ORDER.index("bf16")]
         print("no native bf16 here (avx512_bf16/amx_bf16): bf16 variants skipped", file=sys.stderr)
     env_before = environment(args.threads)
-    model_path = resolve_model(cfg.model)
+    model_path = resolve_model(args.model or cfg.model)
     tok = load_tokenizer(model_path)
     protocol = load_protocol(cfg.protocol, top_k=stage.top_k or cfg.top_k, max_turns=stage.max_turns,
                              template=cfg.template)
