@@ -8,8 +8,11 @@ recent ones waits up to ``max_wait_s`` (and at most a quarter of a recent batch'
 clients whose answers just went out (closed-loop clients otherwise split into alternating big and small batches),
 and a lone request never waits. With ``workers > 1``,
 that many batches run at once (each in its own thread: on CPU, two single-threaded encoder calls in parallel
-scale better on a busy machine than one call with two intra-op threads). Truncating the
-top-``max_k`` list to k is exact for exhaustive backends (BM25, faiss Flat) and may differ marginally for
+scale better on a busy machine than one call with two intra-op threads), and the recent demand (queries waiting or
+being searched) is shared between them: a batch takes at most its worker's share, so C closed-loop clients form
+batches of about C / workers whatever ``max_batch_queries`` is (with a cap above that share, one worker used to take
+nearly every query while the other idled: 288 against 470 q/s at 64 clients, docs/results/engines/cpu_session21.md).
+Truncating the top-``max_k`` list to k is exact for exhaustive backends (BM25, faiss Flat) and may differ marginally for
 approximate ones (HNSW, IVF-PQ) whose candidate lists depend on k.
 
 :class:`PerRequestRunner` is the seeds' pattern (one ``search`` per request in a thread pool); it exists as the
@@ -158,7 +161,7 @@ class MicroBatcher:
         self._executor: ThreadPoolExecutor | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._pending_queries = 0
-        self._expected = 1.0  # recent batch size (a decaying maximum): the adaptive wait's target
+        self._expected = 1.0  # recent demand (a decaying maximum of queries in flight): the workers' shares
         self._batch_s = 0.0  # recent wall time of one batch's search (moving average): caps the wait
         self.calls = 0
         self.searched_queries = 0
@@ -213,11 +216,14 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         batch = [await queue.get()]
         size = len(batch[0].queries)
-        target = min(self.max_batch_queries, max(1, round(self._expected)))
+        # demand: every query waiting or being searched (recent maximum); each worker's share of it
+        share = max(1, round(max(self._expected, self._pending_queries) / self.workers))
+        limit = self.max_batch_queries if self.workers == 1 else min(self.max_batch_queries, share)
+        target = min(limit, share)
         # never idle longer than a quarter of what a batch takes to search (cheap backends: BM25)
         deadline = loop.time() + min(self.max_wait_s, 0.25 * self._batch_s)
         yielded = False
-        while size < self.max_batch_queries:
+        while size < limit:
             try:
                 item = queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -235,7 +241,8 @@ class MicroBatcher:
                     break
             batch.append(item)
             size += len(item.queries)
-        self._expected = max(float(size), self._expected * 0.9)  # decays when the load drops
+        # decays when the load drops; with one worker nothing else is in flight, so this is the batch's size
+        self._expected = max(float(self._pending_queries if self.workers > 1 else size), self._expected * 0.9)
         return batch
 
     async def _run(self) -> None:

@@ -119,6 +119,37 @@ def test_workers_run_batches_in_parallel() -> None:
     assert peak == 2
 
 
+def test_workers_share_the_demand_whatever_the_cap() -> None:
+    """Two workers, a cap far above the load: 16 queued queries become two batches of 8 searched at once, not one
+    batch of 16 with the second worker idle (what a cap above C / workers did before)."""
+    active, peak = 0, 0
+    lock = threading.Lock()
+    sizes: list[int] = []
+
+    def slow(queries, k):
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+            sizes.append(len(queries))
+        time.sleep(0.05)
+        with lock:
+            active -= 1
+        return [[Hit(id=q, text=q, score=1.0)] for q in queries]
+
+    async def main():
+        batcher = MicroBatcher(slow, max_batch_queries=256, workers=2)
+        await batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.submit([f"q{i}"], 1) for i in range(16)))
+        finally:
+            await batcher.close()
+
+    results = _run(main())
+    assert [r[0][0].id for r in results] == [f"q{i}" for i in range(16)]
+    assert sizes == [8, 8] and peak == 2
+
+
 def test_duplicate_queries_searched_once_per_batch() -> None:
     fake = CountingSearcher(delay_s=0.01)
 
