@@ -480,7 +480,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built indexes here.")
     p.add_argument("--client-procs", type=int, default=1, help="Processes the concurrent clients are spread over "
                    "(each an asyncio loop driving its share of raw keep-alive connections).")
-    p.add_argument("--max-wait-ms", type=float, default=2.0, help="Server adaptive micro-batch wait.")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="Server adaptive micro-batch wait "
+                   "(the server's default since session 21; 2.0 before).")
     p.add_argument("--max-batch", type=int, default=256, help="Server micro-batch cap (with N workers and C "
                    "closed-loop clients, C/N keeps every worker busy: one batch of all C leaves the others idle).")
     p.add_argument("--processes", type=int, default=1, help="Batching server processes on the port (each with "

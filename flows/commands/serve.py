@@ -30,7 +30,7 @@ def serve_retriever(
     token: str | None = typer.Option(None, envvar=ENV_TOKEN, help="Require this bearer token on search endpoints."),
     max_k: int = typer.Option(100, help="Largest k a request may ask for (422 above)."),
     cache_mb: int = typer.Option(256, help="Query cache bound in MiB of cached hits (0 disables)."),
-    max_wait_ms: float = typer.Option(2.0, help="Adaptive micro-batch wait: a batch smaller than the recent "
+    max_wait_ms: float = typer.Option(10.0, help="Adaptive micro-batch wait: a batch smaller than the recent "
                                                 "ones waits up to this long for more (0 = never; a lone request "
                                                 "never waits)."),
     max_batch_queries: int = typer.Option(256, help="Close a micro-batch once this many queries wait."),
