@@ -92,62 +92,52 @@ def test_no_wait_still_coalesces_requests_queued_together() -> None:
     assert len(fake.calls) <= 3, f"30 queued requests took {len(fake.calls) - 1} searcher calls"
 
 
-def test_workers_run_batches_in_parallel() -> None:
-    active, peak = 0, 0
-    lock = threading.Lock()
+class ParallelProbe:
+    """A slow searcher (50 ms a call) recording each call's size and how many calls ran at once at most."""
 
-    def slow(queries, k):
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
+    def __init__(self) -> None:
+        self.active, self.peak = 0, 0
+        self.sizes: list[int] = []
+        self._lock = threading.Lock()
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        with self._lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+            self.sizes.append(len(queries))
         time.sleep(0.05)
-        with lock:
-            active -= 1
+        with self._lock:
+            self.active -= 1
         return [[Hit(id=q, text=q, score=1.0)] for q in queries]
 
-    async def main():
-        batcher = MicroBatcher(slow, max_batch_queries=2, workers=2)
-        await batcher.start()
-        try:
-            return await asyncio.gather(*(batcher.submit([f"q{i}"], 1) for i in range(8)))
-        finally:
-            await batcher.close()
+    def submit_all(self, n: int, **batcher_kwargs) -> list:
+        """``n`` single-query requests submitted at once to a MicroBatcher over this searcher; their results."""
 
-    results = _run(main())
+        async def main():
+            batcher = MicroBatcher(self.search, **batcher_kwargs)
+            await batcher.start()
+            try:
+                return await asyncio.gather(*(batcher.submit([f"q{i}"], 1) for i in range(n)))
+            finally:
+                await batcher.close()
+
+        return _run(main())
+
+
+def test_workers_run_batches_in_parallel() -> None:
+    probe = ParallelProbe()
+    results = probe.submit_all(8, max_batch_queries=2, workers=2)
     assert [r[0][0].id for r in results] == [f"q{i}" for i in range(8)]
-    assert peak == 2
+    assert probe.peak == 2
 
 
 def test_workers_share_the_demand_whatever_the_cap() -> None:
     """Two workers, a cap far above the load: 16 queued queries become two batches of 8 searched at once, not one
     batch of 16 with the second worker idle (what a cap above C / workers did before)."""
-    active, peak = 0, 0
-    lock = threading.Lock()
-    sizes: list[int] = []
-
-    def slow(queries, k):
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-            sizes.append(len(queries))
-        time.sleep(0.05)
-        with lock:
-            active -= 1
-        return [[Hit(id=q, text=q, score=1.0)] for q in queries]
-
-    async def main():
-        batcher = MicroBatcher(slow, max_batch_queries=256, workers=2)
-        await batcher.start()
-        try:
-            return await asyncio.gather(*(batcher.submit([f"q{i}"], 1) for i in range(16)))
-        finally:
-            await batcher.close()
-
-    results = _run(main())
+    probe = ParallelProbe()
+    results = probe.submit_all(16, max_batch_queries=256, workers=2)
     assert [r[0][0].id for r in results] == [f"q{i}" for i in range(16)]
-    assert sizes == [8, 8] and peak == 2
+    assert probe.sizes == [8, 8] and probe.peak == 2
 
 
 def test_duplicate_queries_searched_once_per_batch() -> None:
