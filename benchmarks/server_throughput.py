@@ -427,9 +427,11 @@ def parse_variants(spec: str | None, args: argparse.Namespace) -> dict[str, dict
              "torch_threads": args.torch_threads}
         for item in part.strip().split("/"):
             key, _, value = item.partition("=")
-            if key not in keys or not value:
-                raise SystemExit(f"--server-variants: {item!r} is not one of {sorted(keys)}=<number>")
-            v[key] = keys[key](value)
+            try:
+                v[key] = keys[key](value)
+            except (KeyError, ValueError):
+                raise SystemExit(f"--server-variants: {item!r} is not one of {sorted(keys)}=<number>, e.g. "
+                                 "'wait=10,workers=1/max_batch=64'") from None
         out["server_" + part.strip().replace("/", "_").replace("=", "")] = v
     return out
 
@@ -502,6 +504,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fixed-mmap", action="store_true", help="Also run our server with glibc's mmap threshold "
                    "fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), the CLI's setting of 2026-11-25..27: the regression.")
     args = p.parse_args(argv)
+    parse_variants(args.server_variants, args)  # a typo fails here, not after the index and the reference ran
     server_file = Path("search_r1") / "search" / "retrieval_server.py"
     if args.searchr1 is not None and not (args.searchr1 / server_file).is_file():
         p.error(f"--searchr1 {args.searchr1}: no {server_file} there; pass a checkout of PeterGriffinJin/Search-R1")

@@ -77,3 +77,5 @@ def test_server_variants_override_only_what_they_name() -> None:
     assert server_throughput.parse_variants(None, base) == {}
     with pytest.raises(SystemExit, match="threads=2"):
         server_throughput.parse_variants("threads=2", base)
+    with pytest.raises(SystemExit, match="wait=abc"):
+        server_throughput.parse_variants("wait=abc", base)
