@@ -49,7 +49,11 @@ def test_k_seeded_copies_differ_and_reproduce(vllm_gen) -> None:
     first = vllm_gen.generate([COLOR] * 4, sampling)
     assert len({tuple(c.token_ids) for c in first}) == 4  # one seed for every copy gave 4 identical samples
     again = vllm_gen.generate([COLOR] * 4, sampling)
-    assert [c.token_ids for c in again] == [c.token_ids for c in first]
+    # The same seeds draw the same samples. In bf16 a rerun's logits may differ in the last bit, and a draw that
+    # falls on a near-tie then flips one copy's continuation (seen once in CI: copy 1 from its 4th token). Lost
+    # or shared seeds would change every copy of 12 tokens at temperature 1, so at most one copy may differ.
+    same = [a.token_ids == b.token_ids for a, b in zip(again, first, strict=True)]
+    assert sum(same) >= 3, same
 
 
 def test_best_of_keeps_the_most_likely(vllm_gen) -> None:
