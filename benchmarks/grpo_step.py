@@ -14,7 +14,9 @@ Variants (each a real ``TRLSearchConfig``): ``today`` (the preset as committed),
 rank 16, reference = adapter-disabled policy), ``bf16`` (forward/backward under autocast, rollouts with a bf16 copy
 of the merged weights; only where the CPU has native bf16), ``beta0`` (no KL term: no reference pass) and
 ``short`` (max_completion_length and max_tokens_per_turn x 2/3); and, on top of ``today`` alone, ``ckpt``
-(activation checkpointing) and ``micro2`` (micro-batches of 2), the memory candidates of issue 26 item 4.
+(activation checkpointing) and ``micro2`` (micro-batches of 2), the memory candidates of issue 26 item 4, and
+``fixed_heap`` (the rollouts on the training's fixed glibc mmap threshold, as every step ran them until session 22;
+now they run inside ``infra.memory.inference_heap``).
 Each variant's peak RSS during its measured steps is sampled (every 0.1 s); ``--isolate`` runs every variant in a
 fresh process, so the peaks do not inherit an earlier variant's heap.
 Prints trajectories trained per minute per variant and its ratio to ``today``, the bf16 vs fp32 log-prob gap on one
@@ -41,7 +43,7 @@ BF16_LABEL = "bf16 (autocast train, bf16 copy rollout)"
 REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
 #: variants applied to ``today`` alone (not cumulative): the memory candidates
-EXTRA = ("ckpt", "micro2")
+EXTRA = ("ckpt", "micro2", "fixed_heap")
 
 
 def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
@@ -51,6 +53,8 @@ def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
         return base.model_copy(update={"gradient_checkpointing": True})
     if name == "micro2":
         return base.model_copy(update={"micro_batch_size": 2})
+    if name == "fixed_heap":  # today's settings; run_variant switches infra.memory.INFERENCE_HEAP off
+        return base
     upd: dict[str, Any] = {}
     for step in ORDER[1: ORDER.index(name) + 1]:
         if step == "lora":
@@ -135,6 +139,7 @@ def instrument(trainer: Any, clock: StepClock) -> None:
 def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward: Any, rollout: Any, out: Path,
                 warmup: int, steps: int) -> dict[str, Any]:
     """Train ``warmup + steps`` steps with ``tcfg``; the measured steps' seconds per part."""
+    import infra.memory
     from training.rl.trl_engine import build_trainer
 
     cfg = tcfg.model_copy(update={"max_steps": warmup + steps, "save_steps": 10_000, "logging_steps": 1})
@@ -143,10 +148,12 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
     instrument(trainer, clock)
     peak = RSSPeak(clock)
     peak.start()
+    infra.memory.INFERENCE_HEAP = name != "fixed_heap"
     try:
         trainer.train()
     finally:
         peak.stop()
+        infra.memory.INFERENCE_HEAP = True
     n = len(clock.steps)
     p = {k: v / n for k, v in clock.parts.items()}
     gen = p.pop("_generate_and_score", 0.0)

@@ -20,7 +20,11 @@ from the 210. Each variant changes only the generator's settings and runs the sa
 - ``session14``: the evaluation as the CLI ran it until session 15: sdpa decode steps and glibc's mmap threshold
   fixed at 128 KiB (``infra.memory``). The threshold cannot be unset, so this variant must come last; and since
   glibc still serves large requests from heap memory the earlier variants freed, it understates the old cost (a
-  fresh process: 68.6 s vs 36.3 s on the demo preset, docs/results/engines/cpu_session15.md).
+  fresh process: 68.6 s vs 36.3 s on the demo preset, docs/results/engines/cpu_session15.md);
+- ``trained``: today's settings with the threshold fixed at 128 KiB by ``infra.memory.fix_mmap_threshold``, as an RL
+  flow's final evaluation ran until session 22 (its training had fixed the threshold for the process);
+  ``trained_heap``: the same inside ``infra.memory.inference_heap``, as that evaluation runs now. Both fix the
+  threshold for the process, so they come after every other variant (``--isolate``: each in its own process).
 
 Printed per variant: peak RSS (meaningful with ``--isolate``: each variant's own process), seconds,
 trajectories/s, generated tokens/s, the ratio to ``today`` (target: >= 2x with identical greedy outputs), and how
@@ -45,7 +49,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("today", "batch64", "chunk64", "batch64_chunk64", "chunk64_cache16k", "fp32", "vllm", "sdpa_steps",
-            "fp32_sdpa_steps", "session14")
+            "fp32_sdpa_steps", "trained", "trained_heap", "session14")
+#: variants that fix glibc's mmap threshold for the rest of the process (they come last)
+FIXING = ("trained", "trained_heap", "session14")
 #: variants that roll the questions out 64 at a time through all their turns (``RolloutConfig.chunk``)
 CHUNKED = ("chunk64", "batch64_chunk64", "chunk64_cache16k")
 #: variants whose prefix KV store keeps at most this many tokens (the engine's default is 65,536: ~1.5 GB in bf16)
@@ -66,7 +72,7 @@ def variant_generator(base: Any, name: str) -> Any | None:
         return base
     if name in ("fp32", "fp32_sdpa_steps"):
         return base.model_copy(update={"dtype": "float32"})
-    if name in ("sdpa_steps", "session14"):
+    if name in ("sdpa_steps", "session14", "trained", "trained_heap"):
         return base
     if name == "vllm":
         if not (REPO / ".venv-vllm" / "bin" / "python").exists():
@@ -96,18 +102,21 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     store = getattr(generator, "prefix_cache", None)
     if name in CACHE_TOKENS and store is not None:
         store.max_tokens = CACHE_TOKENS[name]
-    if name == "session14":  # the CLI fixed glibc's mmap threshold for every flow until session 15 (irreversible)
-        from infra.memory import fix_mmap_threshold
+    import infra.memory
 
-        fix_mmap_threshold()
+    if name in FIXING:  # the CLI until session 15, and an RL flow after its training (irreversible)
+        infra.memory.fix_mmap_threshold()
     decode.EAGER_DECODE_STEPS = name not in SDPA_STEPS
+    infra.memory.INFERENCE_HEAP = name == "trained_heap"  # a no-op where the threshold is not fixed
     try:
-        run_rollouts(questions[:2], ecfg.protocol, generator, searcher, ecfg.rollout)  # warm-up: kernels, caches
-        t0 = time.perf_counter()
-        trajs = run_rollouts(questions, ecfg.protocol, generator, searcher, ecfg.rollout)
-        seconds = time.perf_counter() - t0
+        with infra.memory.inference_heap():
+            run_rollouts(questions[:2], ecfg.protocol, generator, searcher, ecfg.rollout)  # warm-up: kernels, caches
+            t0 = time.perf_counter()
+            trajs = run_rollouts(questions, ecfg.protocol, generator, searcher, ecfg.rollout)
+            seconds = time.perf_counter() - t0
     finally:
         decode.EAGER_DECODE_STEPS = True
+        infra.memory.INFERENCE_HEAP = True
     close = getattr(generator, "close", None)
     if close is not None:
         close()
@@ -236,8 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         pass
     elif not names or names[0] != "today":
         raise SystemExit("--variants must start with today (the baseline of the ratios)")
-    if args.child_out is None and "session14" in names and names[-1] != "session14":
-        raise SystemExit("--variants: session14 must come last (it fixes glibc's mmap threshold for the process)")
+    fixing = [i for i, n in enumerate(names) if n in FIXING]
+    if args.child_out is None and not args.isolate and fixing and fixing != list(range(len(names) - len(fixing),
+                                                                                      len(names))):
+        raise SystemExit(f"--variants: {', '.join(n for n in names if n in FIXING)} must come last (they fix glibc's "
+                         "mmap threshold for the process), or use --isolate")
     questions = spread(heldout_questions(cfg), args.limit)
     searcher = open_searcher(ecfg.retrieval)
     results = []

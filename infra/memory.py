@@ -11,21 +11,30 @@ the threshold fixed at 128 KiB for the whole CLI process (sessions 12-14), the h
 preset took 68.6 s instead of 36.3 s (15.1 M minor page faults, 41 s of system time, against 0.5 M and 3 s), and
 large bf16 matmuls ran 1.1-1.45x slower. So only the TRL training loop fixes it (``training.rl.trl_engine``, where
 the growth was measured); everything else keeps glibc's dynamic threshold and calls :func:`trim_heap` after a
-large phase.
+large phase. Once fixed, the threshold stays fixed for the process, so the generation phases that follow training
+in the same process (each GRPO step's rollouts, the final held-out evaluation) paid the page faults too: they run
+inside :func:`inference_heap`, which raises the threshold to glibc's dynamic maximum for the phase, then trims the
+heap and restores the training threshold.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
 import sys
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
-M_MMAP_THRESHOLD = -3  # mallopt parameter numbers from glibc's malloc.h
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers from glibc's malloc.h
 DEFAULT_THRESHOLD = 128 * 1024  # glibc's own starting value, now fixed
+INFERENCE_THRESHOLD = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: where the dynamic one stops
 _applied: int | None = None
+#: switch for benchmarks (``benchmarks/grpo_step.py`` and ``benchmarks/heldout_eval.py`` variant ``fixed_heap``):
+#: False runs generation phases on the training threshold, as before :func:`inference_heap`
+INFERENCE_HEAP = True
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -55,6 +64,37 @@ def fix_mmap_threshold(threshold: int = DEFAULT_THRESHOLD) -> bool:
         _applied = threshold
         log.debug("glibc mmap threshold fixed at %d bytes", threshold)
     return ok
+
+
+def fixed_threshold() -> int | None:
+    """The mmap threshold :func:`fix_mmap_threshold` fixed in this process (None: glibc's dynamic threshold)."""
+    return _applied
+
+
+@contextlib.contextmanager
+def inference_heap(threshold: int = INFERENCE_THRESHOLD) -> Iterator[bool]:
+    """A generation phase inside a process whose threshold is fixed for training: blocks up to ``threshold`` bytes
+    come from the heap and are reused (as with glibc's dynamic threshold at its maximum; the trim threshold twice
+    that, as glibc sets it), then the heap is trimmed and the training threshold restored. The trim threshold stays
+    raised, as a dynamic phase before the fix (a start evaluation) leaves it: with 128 KiB blocks mmapped it holds
+    at most that much of small blocks. Yields True when it changed anything; a process on the dynamic threshold (or
+    off glibc) is left as it is."""
+    previous = _applied
+    libc = _libc() if previous is not None and INFERENCE_HEAP else None
+    changed = False
+    if libc is not None:
+        try:
+            changed = bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
+            if changed:
+                libc.mallopt(M_TRIM_THRESHOLD, 2 * int(threshold))
+        except AttributeError:  # musl and other libcs have no mallopt
+            changed = False
+    try:
+        yield changed
+    finally:
+        if changed and libc is not None and previous is not None:
+            libc.mallopt(M_MMAP_THRESHOLD, int(previous))
+            trim_heap()
 
 
 def trim_heap() -> bool:

@@ -1,4 +1,5 @@
-"""infra.memory: the fixed glibc mmap threshold (a training loop's heap otherwise grows without bound)."""
+"""infra.memory: the fixed glibc mmap threshold (a training loop's heap otherwise grows without bound) and the
+generation phases that run on the heap inside such a process."""
 
 from __future__ import annotations
 
@@ -44,6 +45,48 @@ def test_fixed_mmap_threshold_returns_freed_blocks_to_the_os() -> None:
     assert freed["fixed"] > 300 << 20, freed  # all 320 MiB went back to the OS
     assert freed["dynamic"] < freed["fixed"], freed
     assert freed["trim"] > 300 << 20, freed  # dynamic threshold + malloc_trim(0): the pages go back too
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc mallopt")
+def test_inference_heap_reuses_blocks_then_restores_the_training_threshold() -> None:
+    # With the threshold fixed (training), every 8 MiB block is a fresh mmap: 2,048 page faults each time it is
+    # touched. Inside inference_heap the blocks come from the heap and are reused; after it the threshold is back,
+    # and blocks freed under a live one go back to the OS again.
+    script = textwrap.dedent("""
+        import ctypes, resource, sys
+        import infra.memory as m
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        def faults_of_rounds():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            for _ in range(40):
+                b = libc.malloc(8 << 20); libc.memset(b, 1, 8 << 20); libc.free(b)
+            return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        def rss():
+            return int(open("/proc/self/statm").read().split()[1]) * 4096
+        with m.inference_heap() as changed:
+            assert not changed  # dynamic threshold: nothing to change
+        assert m.fix_mmap_threshold() and m.fixed_threshold() == m.DEFAULT_THRESHOLD
+        fixed = faults_of_rounds()
+        with m.inference_heap() as changed:
+            assert changed
+            heap = faults_of_rounds()
+        blocks = [libc.malloc(8 << 20) for _ in range(20)]
+        for b in blocks:
+            libc.memset(b, 1, 8 << 20)
+        pin = libc.malloc(1024); libc.memset(pin, 1, 1024)
+        before = rss()
+        for b in blocks:
+            libc.free(b)
+        print(fixed, heap, before - rss())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    fixed, heap, freed = map(int, out.stdout.split())
+    assert fixed > 40 * 2000, (fixed, heap)  # a fresh mmap per block
+    assert heap < fixed / 10, (fixed, heap)  # reused heap blocks
+    assert freed > 150 << 20, freed  # the training threshold is back: the 160 MiB went to the OS
 
 
 def test_peak_rss_reports_this_process_and_children() -> None:

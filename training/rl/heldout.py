@@ -134,15 +134,17 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
         return path
     ecfg = eval_config(cfg, resolve_policy(model))
     questions = heldout_questions(cfg)
-    t0 = time.perf_counter()
-    # auto: the engine faster for this many questions; the session empties its KV store and closes a worker
-    with generator_session(ecfg.generator, items=len(questions)) as generator:
-        trajs = run_rollouts(questions, ecfg.protocol, generator, open_searcher(ecfg.retrieval), ecfg.rollout)
-    seconds = time.perf_counter() - t0
-    del generator  # the last reference: its weights go before the heap is trimmed
-    from infra.memory import trim_heap
+    from infra.memory import inference_heap, trim_heap
 
-    gc.collect()
+    t0 = time.perf_counter()
+    # after training in this process (the final evaluation) the heap serves generation's blocks, not fresh mmaps
+    with inference_heap():
+        # auto: the engine faster for this many questions; the session empties its KV store and closes a worker
+        with generator_session(ecfg.generator, items=len(questions)) as generator:
+            trajs = run_rollouts(questions, ecfg.protocol, generator, open_searcher(ecfg.retrieval), ecfg.rollout)
+        seconds = time.perf_counter() - t0
+        del generator  # the last reference: its weights go before the heap is trimmed
+        gc.collect()
     trim_heap()  # give the freed pages back (infra/memory.py): the training that follows starts from a small heap
     rows = heldout_rows(cfg, trajs, load_tokenizer(resolve_policy(model)))
     write_trajectories(trajs, artifacts.join(out_uri, "trajectories"), protocol=cfg.protocol)

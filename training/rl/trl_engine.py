@@ -204,11 +204,15 @@ def _make_trainer_class() -> type:
 
         def _rollout(self, rows: list[dict[str, Any]]) -> list[RolloutSample]:
             """Roll out ``rows`` with the live policy (eval mode, merged adapters / bf16 copy), next seed."""
+            from infra.memory import inference_heap
+
             was_training = self.model.training
             self.model.eval()
             try:
                 policy = self.accelerator.unwrap_model(self.model)
-                with torch.no_grad(), rollout_policy(policy, bf16=bool(self.args.bf16)) as generator_model:
+                # generation reuses heap blocks instead of faulting in fresh mmaps (training's fixed threshold)
+                with (inference_heap(), torch.no_grad(),
+                      rollout_policy(policy, bf16=bool(self.args.bf16)) as generator_model):
                     seed = self.rollout_seeds.next(self.state.global_step)
                     samples = self.rollout_fn(rows, generator_model, self.processing_class, seed=seed)
             finally:
