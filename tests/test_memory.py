@@ -82,6 +82,18 @@ def test_inference_heap_reuses_blocks_then_restores_the_training_threshold() -> 
             libc.free(b)
         print(fixed, heap, before - rss())
     """)
+    forced = textwrap.dedent("""
+        import infra.memory as m
+        with m.inference_heap(force=True) as changed:
+            assert changed and m.fixed_threshold() is None  # raised for the phase only
+        assert m.fixed_threshold() == m.DEFAULT_THRESHOLD  # left as training wants it
+        m.INFERENCE_HEAP = False
+        with m.inference_heap(force=True) as changed:
+            assert not changed  # the benchmarks' switch
+        print("ok")
+    """)
+    assert subprocess.run([sys.executable, "-c", forced], capture_output=True, text=True,
+                          check=True).stdout.strip() == "ok"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     fixed, heap, freed = map(int, out.stdout.split())
     assert fixed > 40 * 2000, (fixed, heap)  # a fresh mmap per block

@@ -137,8 +137,9 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     from infra.memory import inference_heap, trim_heap
 
     t0 = time.perf_counter()
-    # after training in this process (the final evaluation) the heap serves generation's blocks, not fresh mmaps
-    with inference_heap():
+    # generation's blocks come from the heap, not fresh mmaps: after training fixed the threshold (the final
+    # evaluation), and from the first block on before it (the start evaluation; training fixes it next anyway)
+    with inference_heap(force=True):
         # auto: the engine faster for this many questions; the session empties its KV store and closes a worker
         with generator_session(ecfg.generator, items=len(questions)) as generator:
             trajs = run_rollouts(questions, ecfg.protocol, generator, open_searcher(ecfg.retrieval), ecfg.rollout)
