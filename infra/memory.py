@@ -32,8 +32,8 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers from gl
 DEFAULT_THRESHOLD = 128 * 1024  # glibc's own starting value, now fixed
 INFERENCE_THRESHOLD = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: where the dynamic one stops
 _applied: int | None = None
-#: switch for benchmarks (``benchmarks/grpo_step.py`` and ``benchmarks/heldout_eval.py`` variant ``fixed_heap``):
-#: False runs generation phases on the training threshold, as before :func:`inference_heap`
+#: switch for benchmarks (``benchmarks/grpo_step.py`` variant ``fixed_heap``, ``benchmarks/heldout_eval.py`` variant
+#: ``trained``): False runs generation phases on the training threshold, as before :func:`inference_heap`
 INFERENCE_HEAP = True
 
 
