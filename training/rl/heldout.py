@@ -134,11 +134,12 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
         return path
     ecfg = eval_config(cfg, resolve_policy(model))
     questions = heldout_questions(cfg)
-    from infra.memory import inference_heap, trim_heap
+    from infra.memory import inference_heap
 
     t0 = time.perf_counter()
     # generation's blocks come from the heap, not fresh mmaps: after training fixed the threshold (the final
-    # evaluation), and from the first block on before it (the start evaluation; training fixes it next anyway)
+    # evaluation), and from the first block on before it (the start evaluation; training fixes it next anyway).
+    # Leaving the block trims the heap: the training that follows starts from a small one.
     with inference_heap(force=True):
         # auto: the engine faster for this many questions; the session empties its KV store and closes a worker
         with generator_session(ecfg.generator, items=len(questions)) as generator:
@@ -146,7 +147,6 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
         seconds = time.perf_counter() - t0
         del generator  # the last reference: its weights go before the heap is trimmed
         gc.collect()
-    trim_heap()  # give the freed pages back (infra/memory.py): the training that follows starts from a small heap
     rows = heldout_rows(cfg, trajs, load_tokenizer(resolve_policy(model)))
     write_trajectories(trajs, artifacts.join(out_uri, "trajectories"), protocol=cfg.protocol)
     artifacts.write_jsonl(path, rows)
