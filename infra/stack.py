@@ -15,10 +15,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
+import tenacity
 from pydantic import Field
 
 from infra import proc
@@ -152,8 +155,16 @@ def worker_name(pool: str) -> str:
     return f"searchloop-{pool}"
 
 
-def wait_worker_online(cfg: StackConfig, pool: str, timeout: float = 120.0) -> float:
+def wait_worker_online(cfg: StackConfig, pool: str, timeout: float = 120.0, since: float | None = None) -> float:
     """Wait until our worker reports a heartbeat to the server; returns seconds waited.
+
+    Args:
+        cfg: the stack.
+        pool: the worker's pool.
+        timeout: seconds to wait.
+        since: a restart's time (``time.time()``): wait for a heartbeat sent after it. A worker killed without a
+            word stays ONLINE on the server until its heartbeats are missed, so without ``since`` a restart
+            would look done before the new process came up.
 
     Raises:
         proc.ServiceError: with the worker log tail on timeout or worker exit.
@@ -162,8 +173,8 @@ def wait_worker_online(cfg: StackConfig, pool: str, timeout: float = 120.0) -> f
     name = f"worker-{pool}"
     while time.monotonic() - start < timeout:
         try:
-            r = httpx.post(f"{cfg.prefect_api_url}/work_pools/{pool}/workers/filter", json={}, timeout=5)
-            if r.is_success and any(w["name"] == worker_name(pool) and w.get("status") == "ONLINE" for w in r.json()):
+            r = _request("POST", f"{cfg.prefect_api_url}/work_pools/{pool}/workers/filter", json={}, timeout=5)
+            if r.is_success and any(_online(w, since) for w in r.json() if w["name"] == worker_name(pool)):
                 return time.monotonic() - start
         except httpx.HTTPError:
             pass
@@ -174,12 +185,33 @@ def wait_worker_online(cfg: StackConfig, pool: str, timeout: float = 120.0) -> f
     raise proc.ServiceError(f"{name} did not come online in {timeout:.0f} s; see {proc.log_file(cfg.run_dir, name)}")
 
 
+def _online(worker: dict, since: float | None) -> bool:
+    """A worker record is ONLINE and, with ``since``, heartbeat after that moment (epoch seconds)."""
+    if worker.get("status") != "ONLINE":
+        return False
+    if since is None:
+        return True
+    beat = worker.get("last_heartbeat_time")
+    return beat is not None and datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp() >= since
+
+
+def _request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """One call to the Prefect REST API, retried (4 tries, 0.5-4 s apart) on a dropped connection or a 503, which a
+    busy SQLite-backed server answers when a write waits on a lock (Prefect's own client retries these too)."""
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(4), wait=tenacity.wait_exponential(multiplier=0.5, max=4), reraise=True,
+        retry=tenacity.retry_if_exception_type(httpx.TransportError)
+        | tenacity.retry_if_result(lambda r: r.status_code == 503),
+        retry_error_callback=lambda state: state.outcome.result())  # the last 503 goes to the caller
+    return retrying(httpx.request, method, url, **kwargs)
+
+
 def limit_gpu_concurrency(cfg: StackConfig, n_gpus: int) -> None:
     """One run per GPU: ``gpu`` pool concurrency and the ``gpu`` task-tag concurrency limit both = ``n_gpus``."""
     api = cfg.prefect_api_url
-    httpx.patch(f"{api}/work_pools/gpu", json={"concurrency_limit": n_gpus}, timeout=10).raise_for_status()
-    httpx.post(f"{api}/concurrency_limits/", json={"tag": "gpu", "concurrency_limit": n_gpus},
-               timeout=10).raise_for_status()
+    _request("PATCH", f"{api}/work_pools/gpu", json={"concurrency_limit": n_gpus}, timeout=10).raise_for_status()
+    _request("POST", f"{api}/concurrency_limits/", json={"tag": "gpu", "concurrency_limit": n_gpus},
+             timeout=10).raise_for_status()
 
 
 def ensure_zombie_automation(cfg: StackConfig, missed_heartbeats: int = 3,
@@ -200,13 +232,13 @@ def ensure_zombie_automation_at(api: str, within: int, replace: bool = True) -> 
     With ``replace`` an existing one with another window is replaced; without, any existing one is kept (what a
     dispatching task does: the stack's owner chose the window).
     """
-    found = httpx.post(f"{api}/automations/filter", json={}, timeout=15)
+    found = _request("POST", f"{api}/automations/filter", json={}, timeout=15)
     found.raise_for_status()
     for automation in found.json():
         if automation["name"] == ZOMBIE_AUTOMATION:
             if automation["trigger"].get("within") == within or not replace:
                 return automation["id"]
-            httpx.delete(f"{api}/automations/{automation['id']}", timeout=15).raise_for_status()  # outdated
+            _request("DELETE", f"{api}/automations/{automation['id']}", timeout=15).raise_for_status()  # outdated
     body = {
         "name": ZOMBIE_AUTOMATION,
         "description": "A Running flow run that stopped sending heartbeats (worker or node killed) becomes Crashed.",
@@ -223,7 +255,7 @@ def ensure_zombie_automation_at(api: str, within: int, replace: bool = True) -> 
         "actions": [{"type": "change-flow-run-state", "state": "CRASHED",
                      "message": f"no heartbeat for {within} s: its worker or node is presumed dead"}],
     }
-    r = httpx.post(f"{api}/automations/", json=body, timeout=15)
+    r = _request("POST", f"{api}/automations/", json=body, timeout=15)
     r.raise_for_status()
     return r.json()["id"]
 
@@ -329,11 +361,11 @@ def apply_work_pool(api_url: str, name: str, pool_type: str, template: Path | No
     body: dict = {"name": name, "type": pool_type, "concurrency_limit": concurrency_limit}
     if template is not None:
         body["base_job_template"] = orjson.loads(Path(template).read_bytes())
-    r = httpx.post(f"{api_url}/work_pools/", json=body, timeout=15)
+    r = _request("POST", f"{api_url}/work_pools/", json=body, timeout=15)
     if r.status_code == 409:  # exists: update template and limit
         body.pop("name")
         body.pop("type")
-        httpx.patch(f"{api_url}/work_pools/{name}", json=body, timeout=15).raise_for_status()
-        r = httpx.get(f"{api_url}/work_pools/{name}", timeout=15)
+        _request("PATCH", f"{api_url}/work_pools/{name}", json=body, timeout=15).raise_for_status()
+        r = _request("GET", f"{api_url}/work_pools/{name}", timeout=15)
     r.raise_for_status()
     return r.json()

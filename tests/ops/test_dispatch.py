@@ -54,7 +54,17 @@ def _where_things_are(parent_id: str) -> str:
     steps = [(r.name, r.state.name if r.state else None, str(r.created), r.infrastructure_pid)
              for r in _step_runs(parent_id)]
     tasks = [(t.name, t.state.name if t.state else None, t.run_count) for t in task_runs(parent_id)]
-    return f"parent {parent.state.name if parent.state else None}; step runs {steps}; parent task runs {tasks}"
+    with get_client(sync_client=True) as client:
+        pool = client.read_work_pool("gpu")
+        workers = [(w.name, w.status, str(w.last_heartbeat_time)) for w in client.read_workers_for_work_pool("gpu")]
+        step_tasks = {r.name: [(t.name, t.state.name if t.state else None) for t in task_runs(str(r.id))]
+                      for r in _step_runs(parent_id)}
+    return (f"parent {parent.state.name if parent.state else None}; step runs {steps}; their task runs {step_tasks}; "
+            f"parent task runs {tasks}; gpu pool concurrency {pool.concurrency_limit}, workers {workers}")
+
+
+def _log_tail(log: Path, lines: int = 40) -> list[str]:
+    return log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
 
 
 def _kill_when_busy(parent_id: str, attempt: int, worker_log: Path):
@@ -63,9 +73,8 @@ def _kill_when_busy(parent_id: str, attempt: int, worker_log: Path):
     try:
         run = wait_for(lambda: _running_step(parent_id, attempt), 480, f"dispatched step #{attempt} to run")
     except AssertionError as exc:
-        tail = worker_log.read_text(errors="replace").splitlines()[-25:] if worker_log.exists() else []
-        raise AssertionError(f"{exc}: {_where_things_are(parent_id)}; gpu worker log tail:\n" + "\n".join(tail)) \
-            from None
+        raise AssertionError(f"{exc}: {_where_things_are(parent_id)}; gpu worker log tail:\n"
+                             + "\n".join(_log_tail(worker_log))) from None
     time.sleep(2)
     assert flow_run(str(run.id)).state.type.value == "RUNNING", f"step #{attempt} ended before it could be killed"
     return run
@@ -125,11 +134,17 @@ def test_gpu_step_killed_then_worker_killed_task_retries_and_flow_completes(ops_
         say(f"{time.monotonic() - t0:5.1f}s kill -9 process group {info.pid}: gpu worker and step run {step2.name}")
         second = _wait_final(step2.id, "the zombie automation to crash the orphaned step", 300)
         say(f"{time.monotonic() - t0:5.1f}s step run {second.name}: {second.state.name}: {second.state.message}")
+        restarted = time.time()
         proc.start_service(gpu_worker, ops_stack.cfg.run_dir)  # the supervisor restarts the worker
-        stack.wait_worker_online(ops_stack.cfg, "gpu", timeout=120)
-        say(f"{time.monotonic() - t0:5.1f}s gpu worker restarted")
+        # the killed worker stays ONLINE on the server until its heartbeats are missed: wait for the new one's
+        waited = stack.wait_worker_online(ops_stack.cfg, "gpu", timeout=120, since=restarted)
+        say(f"{time.monotonic() - t0:5.1f}s gpu worker restarted (online after {waited:.1f} s)")
 
-        final = deployments.follow(run_id, timeout=400, on_log=lambda line: say(f"  | {line}"))
+        try:
+            final = deployments.follow(run_id, timeout=600, on_log=lambda line: say(f"  | {line}"))
+        except TimeoutError as exc:  # CI once waited 400 s for step #3 with nothing else to go on
+            raise AssertionError(f"{exc}: {_where_things_are(run_id)}; gpu worker log tail:\n"
+                                 + "\n".join(_log_tail(worker_log))) from None
         steps = _step_runs(run_id)
         embed = [t for t in task_runs(run_id) if t.name.startswith("embed-shard")]
     say(f"{time.monotonic() - t0:5.1f}s parent {final}; step runs: {[(r.name, r.state.name) for r in steps]}; "

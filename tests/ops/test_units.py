@@ -117,3 +117,42 @@ def test_trainer_hook_points_the_trainer_at_the_new_corpus(monkeypatch):
     monkeypatch.setitem(sys.modules, "flows.em_loop", None)  # as if the EM branch were absent
     assert "not available in this build" in _model_hook(cfg)
     assert "trainer=none" in _model_hook(RetrainConfig(trainer="none"))  # the default trains now (issue 25)
+
+
+def test_worker_online_since_a_restart_needs_a_newer_heartbeat():
+    from datetime import datetime, timezone
+
+    from infra.stack import _online
+
+    beat = datetime(2026, 11, 28, 5, 0, 0, tzinfo=timezone.utc)
+    record = {"name": "searchloop-gpu", "status": "ONLINE", "last_heartbeat_time": beat.isoformat()}
+    assert _online(record, None) and _online(record, beat.timestamp() - 1)
+    assert not _online(record, beat.timestamp() + 1)  # the killed worker's last heartbeat, before the restart
+    assert _online({**record, "last_heartbeat_time": "2026-11-28T05:00:02Z"}, beat.timestamp() + 1)
+    assert not _online({**record, "status": "OFFLINE"}, None)
+    assert not _online({**record, "last_heartbeat_time": None}, beat.timestamp())
+
+
+def test_stack_requests_retry_a_busy_server(monkeypatch):
+    import httpx
+
+    from infra import stack
+
+    answers = iter([httpx.ConnectError("refused"), httpx.Response(503), httpx.Response(200, json={"ok": True})])
+    calls = []
+
+    def fake(method: str, url: str, **kwargs):
+        calls.append((method, url))
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(httpx, "request", fake)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    assert stack._request("GET", "http://127.0.0.1:1/api/x").json() == {"ok": True}
+    assert len(calls) == 3
+    monkeypatch.setattr(httpx, "request", lambda *a, **k: httpx.Response(503))
+    assert stack._request("GET", "http://127.0.0.1:1/api/x").status_code == 503  # given up: the caller raises
+    monkeypatch.setattr(httpx, "request", lambda *a, **k: httpx.Response(404))
+    assert stack._request("GET", "http://127.0.0.1:1/api/x").status_code == 404  # not retried
