@@ -25,6 +25,9 @@ from the 210. Each variant changes only the generator's settings and runs the sa
   flow's final evaluation ran until session 22 (its training had fixed the threshold for the process);
   ``trained_heap``: the same inside ``infra.memory.inference_heap``, as that evaluation runs now. Both fix the
   threshold for the process, so they come after every other variant (``--isolate``: each in its own process).
+  ``trained_heap_no_growth_trim``: ``trained_heap`` without ``infra.memory.trim_on_growth`` (the start and final
+  evaluations of an RL flow until session 23); ``no_growth_trim``: ``today`` without it. Their peak RSS against
+  ``trained_heap`` / ``today`` is issue 26 item 4's before/after for an evaluation.
 
 Printed per variant: peak RSS (meaningful with ``--isolate``: each variant's own process), seconds,
 trajectories/s, generated tokens/s, the ratio to ``today`` (target: >= 2x with identical greedy outputs), and how
@@ -49,9 +52,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("today", "batch64", "chunk64", "batch64_chunk64", "chunk64_cache16k", "fp32", "vllm", "sdpa_steps",
-            "fp32_sdpa_steps", "trained", "trained_heap", "session14")
+            "fp32_sdpa_steps", "no_growth_trim", "trained", "trained_heap", "trained_heap_no_growth_trim", "session14")
 #: variants that fix glibc's mmap threshold for the rest of the process (they come last)
-FIXING = ("trained", "trained_heap", "session14")
+FIXING = ("trained", "trained_heap", "trained_heap_no_growth_trim", "session14")
+#: variants without ``infra.memory.trim_on_growth`` (the engine until session 23)
+NO_GROWTH_TRIM = ("no_growth_trim", "trained_heap_no_growth_trim")
 #: variants that roll the questions out 64 at a time through all their turns (``RolloutConfig.chunk``)
 CHUNKED = ("chunk64", "batch64_chunk64", "chunk64_cache16k")
 #: variants whose prefix KV store keeps at most this many tokens (the engine's default is 65,536: ~1.5 GB in bf16)
@@ -72,7 +77,7 @@ def variant_generator(base: Any, name: str) -> Any | None:
         return base
     if name in ("fp32", "fp32_sdpa_steps"):
         return base.model_copy(update={"dtype": "float32"})
-    if name in ("sdpa_steps", "session14", "trained", "trained_heap"):
+    if name in ("sdpa_steps", "session14", "trained", "trained_heap", "no_growth_trim", "trained_heap_no_growth_trim"):
         return base
     if name == "vllm":
         if not (REPO / ".venv-vllm" / "bin" / "python").exists():
@@ -107,7 +112,10 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     if name in FIXING:  # the CLI until session 15, and an RL flow after its training (irreversible)
         infra.memory.fix_mmap_threshold()
     decode.EAGER_DECODE_STEPS = name not in SDPA_STEPS
-    infra.memory.INFERENCE_HEAP = name == "trained_heap"  # a no-op where the threshold is not fixed
+    infra.memory.INFERENCE_HEAP = name.startswith("trained_heap")  # a no-op where the threshold is not fixed
+    growth_trim = infra.memory.GROWTH_TRIM_BYTES
+    if name in NO_GROWTH_TRIM:
+        infra.memory.GROWTH_TRIM_BYTES = 0
     try:
         with infra.memory.inference_heap():
             run_rollouts(questions[:2], ecfg.protocol, generator, searcher, ecfg.rollout)  # warm-up: kernels, caches
@@ -117,6 +125,7 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     finally:
         decode.EAGER_DECODE_STEPS = True
         infra.memory.INFERENCE_HEAP = True
+        infra.memory.GROWTH_TRIM_BYTES = growth_trim
     close = getattr(generator, "close", None)
     if close is not None:
         close()

@@ -114,3 +114,37 @@ def test_peak_rss_reports_this_process_and_children() -> None:
     after = peak_rss()
     assert after["children"] >= 0.3  # the child's 300 MiB touched
     assert peak_rss_line().startswith("peak RSS: ") and "largest child process" in peak_rss_line()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc_trim")
+def test_trim_on_growth_returns_free_heap_pages_once_growth_passes_its_step() -> None:
+    # 40 x 8 MiB heap blocks freed below a live one stay resident (free chunks); trim_on_growth gives them back only
+    # once anonymous memory grew by more than its step since its last trim, and resets its baseline after trimming.
+    script = textwrap.dedent("""
+        import ctypes
+        from infra import memory
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        libc.mallopt(-3, 32 << 20)                           # blocks up to 32 MiB from the heap (inference_heap)
+        libc.mallopt(-1, 64 << 20)
+        assert memory.trim_on_growth(256 << 20) is False     # first call: the baseline
+        blocks, pins = [], []
+        for _ in range(40):                                  # 320 MiB, each 8 MiB block below a live 64 KiB one
+            blocks.append(libc.malloc(8 << 20)); libc.memset(blocks[-1], 1, 8 << 20)
+            pins.append(libc.malloc(64 << 10)); libc.memset(pins[-1], 1, 64 << 10)
+        for b in blocks:
+            libc.free(b)
+        high = memory.anon_bytes()
+        assert high > 300 << 20, high                        # the holes stay resident
+        assert memory.trim_on_growth(1 << 30) is False       # grew by less than 1 GiB: kept
+        assert memory.anon_bytes() > high - (64 << 20)
+        assert memory.trim_on_growth(256 << 20) is True      # grew by more than 256 MiB: trimmed
+        assert memory.anon_bytes() < high - (256 << 20)
+        assert memory.trim_on_growth(256 << 20) is False     # the baseline is the trimmed level now
+        assert memory.trim_on_growth(0) is False             # 0 disables it
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+from infra.memory import trim_on_growth
 from training.generation.base import Completion, SamplingParams, cpu_native_bf16, cut_at_stop, regroup
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,7 @@ class TransformersGenerator:
                 batch = self._generate_batch([rows[i] for i in idx], [budgets[i] for i in idx], sampling)
                 for i, comp in zip(idx, batch, strict=True):
                     out[i] = comp
+                trim_on_growth()  # free chunks left by this batch's caches go back to the OS (infra.memory)
         done = [c for c in out if c is not None]
         if sampling.wants_logprobs:
             self._score(rows, done)
@@ -245,6 +247,7 @@ class TransformersGenerator:
             store.misses += sum(len(lk.ids) - lk.length for lk in group)
             for j, comp in zip(bucket, comps, strict=True):
                 out[idx[j]] = comp
+            trim_on_growth()  # free chunks left by this bucket's caches go back to the OS (infra.memory)
 
     @staticmethod
     def _sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
