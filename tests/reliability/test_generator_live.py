@@ -208,3 +208,28 @@ def test_health_is_open_and_reports_saturation(generator_server) -> None:
     assert {"requests", "rows", "tokens_left"} <= set(body["saturation"])
     assert TOKEN not in json.dumps(body)
 
+
+
+
+
+def test_request_checks_never_share_the_generators_tokenizer(generator_server, monkeypatch) -> None:
+    """The request checks count tokens on the event loop while the generator's thread encodes batches with padding;
+    a fast tokenizer shared by both raised "Already borrowed" (a 503 for a valid request, seen once in a full test
+    run). Every tokenizer call is recorded: outside the generator's thread none touches the generator's instance."""
+    url, app = generator_server
+    gen_tok = app.state.scheduler.generator.tokenizer
+    calls: list[tuple[str, bool]] = []
+    real = type(gen_tok).__call__
+
+    def recorded(self, *args, **kwargs):
+        calls.append((threading.current_thread().name, self is gen_tok))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(gen_tok), "__call__", recorded)
+    bodies = [{**OK, "prompt": f"Question {i}: " + "word " * (5 + i), "max_tokens": 2} for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        rs = list(pool.map(lambda b: _post(url, "/v1/completions", b), bodies))
+    assert [r.status_code for r in rs] == [200] * 8, [r.text[:200] for r in rs if r.status_code != 200][:3]
+    checks = [shared for thread, shared in calls if not thread.startswith("generator")]
+    assert checks and not any(checks), calls[:10]  # the checks ran, on their own copy
+    assert any(shared for thread, shared in calls if thread.startswith("generator"))  # generation used its own

@@ -24,6 +24,7 @@ returned as text, never executed.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import logging
 import time
@@ -129,7 +130,10 @@ def create_generation_app(generator: Generator, config: GenerationServerConfig |
     config = config or GenerationServerConfig()
     scheduler = GenerationScheduler(generator, config.max_wait_ms / 1000, config.max_batch_rows, config.chunk_tokens)
     expected = config.token.get_secret_value().encode() if config.token else None
-    tokenizer = getattr(generator, "tokenizer", None)
+    # the request checks count tokens on the event loop while the generator's thread encodes batches: a fast
+    # tokenizer's encode mutates its padding state, so sharing one raised "Already borrowed" (a 503 for a valid
+    # request). The checks get their own copy.
+    tokenizer = copy.deepcopy(getattr(generator, "tokenizer", None))
     context = getattr(generator, "context_limit", None)
 
     @asynccontextmanager
