@@ -13,7 +13,7 @@ import pytest
 from flows.fanout import FanOutConfig, make_task_runner, ray_env
 from infra import proc
 from tests.ops.conftest import MINI_CORPUS
-from tests.ops.helpers import task_runs
+from tests.ops.helpers import task_runs, wait_for
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="prefect-ray/ray not installed (pip install prefect-ray==0.6.0 ray==2.60.0)")
@@ -58,7 +58,16 @@ def test_build_index_fans_shard_embeddings_out_over_ray(ops_stack, local_ray, tm
         result = state.result()
         parent_tasks = task_runs(str(state.state_details.flow_run_id))
     seconds = time.monotonic() - start
-    ray_tasks = [t for t in list_tasks(filters=[("name", "=", "embed-shard")], detail=True)]
+    def ray_tasks_finished() -> list:
+        tasks = list(list_tasks(filters=[("name", "=", "embed-shard")], detail=True))
+        return tasks if len(tasks) == 3 and {t.state for t in tasks} == {"FINISHED"} else []
+
+    # Ray's state API catches up with its workers asynchronously: a task that returned can still read RUNNING for a
+    # moment (seen once under load), so poll before asserting
+    try:
+        ray_tasks = wait_for(ray_tasks_finished, 60, "Ray's state API to list 3 finished embed-shard tasks")
+    except AssertionError:
+        ray_tasks = list(list_tasks(filters=[("name", "=", "embed-shard")], detail=True))
     print(f"ray fan-out build of 192 passages in 3 shards: {seconds:.1f} s; ray tasks "
           f"{[(t.state, t.worker_pid) for t in ray_tasks]}; test pid {os.getpid()}")
     assert state.is_completed() and result.index.n_passages == 192
