@@ -10,20 +10,25 @@ import textwrap
 
 import pytest
 
+#: the C library with malloc/free/memset typed for 64-bit pointers, for the child scripts below
+LIBC = textwrap.dedent("""
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+""")
+
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc mallopt")
 def test_fixed_mmap_threshold_returns_freed_blocks_to_the_os() -> None:
     # After a 16 MiB block is freed glibc raises its threshold, so the next 8 MiB blocks come from the brk heap and
     # stay in RSS when freed below a live one; with the threshold fixed they are mmapped and returned.
-    script = textwrap.dedent("""
-        import ctypes, sys
+    script = LIBC + textwrap.dedent("""
+        import sys
         from infra.memory import fix_mmap_threshold, trim_heap
         if sys.argv[1] == "fixed":
             assert fix_mmap_threshold()
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc.restype = ctypes.c_void_p
-        libc.free.argtypes = [ctypes.c_void_p]
-        libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
         def rss():
             return int(open("/proc/self/statm").read().split()[1]) * 4096
         big = libc.malloc(16 << 20); libc.free(big)          # raises the dynamic threshold to 16 MiB
@@ -52,13 +57,9 @@ def test_inference_heap_reuses_blocks_then_restores_the_training_threshold() -> 
     # With the threshold fixed (training), every 8 MiB block is a fresh mmap: 2,048 page faults each time it is
     # touched. Inside inference_heap the blocks come from the heap and are reused; after it the threshold is back,
     # and blocks freed under a live one go back to the OS again.
-    script = textwrap.dedent("""
-        import ctypes, resource, sys
+    script = LIBC + textwrap.dedent("""
+        import resource, sys
         import infra.memory as m
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc.restype = ctypes.c_void_p
-        libc.free.argtypes = [ctypes.c_void_p]
-        libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
         def faults_of_rounds():
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             for _ in range(40):
@@ -120,13 +121,8 @@ def test_peak_rss_reports_this_process_and_children() -> None:
 def test_trim_on_growth_returns_free_heap_pages_once_growth_passes_its_step() -> None:
     # 40 x 8 MiB heap blocks freed below a live one stay resident (free chunks); trim_on_growth gives them back only
     # once anonymous memory grew by more than its step since its last trim, and resets its baseline after trimming.
-    script = textwrap.dedent("""
-        import ctypes
+    script = LIBC + textwrap.dedent("""
         from infra import memory
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc.restype = ctypes.c_void_p
-        libc.free.argtypes = [ctypes.c_void_p]
-        libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
         libc.mallopt(-3, 32 << 20)                           # blocks up to 32 MiB from the heap (inference_heap)
         libc.mallopt(-1, 64 << 20)
         assert memory.trim_on_growth(256 << 20) is False     # first call: the baseline

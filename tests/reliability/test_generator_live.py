@@ -209,9 +209,6 @@ def test_health_is_open_and_reports_saturation(generator_server) -> None:
     assert TOKEN not in json.dumps(body)
 
 
-
-
-
 def test_request_checks_never_share_the_generators_tokenizer(generator_server, monkeypatch) -> None:
     """The request checks count tokens on the event loop while the generator's thread encodes batches with padding;
     a fast tokenizer shared by both raised "Already borrowed" (a 503 for a valid request, seen once in a full test
