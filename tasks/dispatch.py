@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import PurePath
@@ -170,8 +172,16 @@ def ensure_crash_detection() -> None:
     _AUTOMATION_CHECKED.add(api)
 
 
-def wait_for_run(flow_run_id: uuid.UUID, timeout: float | None = None) -> Any:
-    """Wait (Prefect's ``wait_for_flow_run``) until a flow run is final; returns the final flow run.
+POLL_SECONDS = 30.0
+
+
+def wait_for_run(flow_run_id: uuid.UUID, timeout: float | None = None, poll_seconds: float = POLL_SECONDS) -> Any:
+    """Wait until a flow run is final; returns the final flow run.
+
+    Prefect's ``wait_for_flow_run`` waits for the run's state events only; a final-state event this process never
+    receives (a busy server, a dropped events socket) would leave the caller waiting forever. So it waits at most
+    ``poll_seconds`` at a time and reads the run's state before the next wait: a run that ended unseen is found
+    within one period, and a warning says so.
 
     Raises:
         StepFailed: when ``timeout`` seconds pass first (the run is then cancelled).
@@ -182,16 +192,30 @@ def wait_for_run(flow_run_id: uuid.UUID, timeout: float | None = None) -> Any:
     from prefect.states import Cancelled
     from prefect.utilities.asyncutils import run_coro_as_sync
 
-    try:
-        return run_coro_as_sync(wait_for_flow_run(flow_run_id, timeout=None if timeout is None else int(timeout)))
-    except FlowRunWaitTimeout:
-        with get_client(sync_client=True) as client:
-            run = client.read_flow_run(flow_run_id)
-            with contextlib.suppress(Exception):
-                client.set_flow_run_state(flow_run_id, Cancelled(message="dispatch timeout"), force=True)
-        state = run.state.type.value if run.state else "PENDING"
-        raise StepFailed(f"flow run {run.name} ({flow_run_id}) still {state} after {timeout:.0f} s; "
-                         "is a worker polling its pool? (`searchloop status`)") from None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    waits = 0
+    while deadline is None or time.monotonic() < deadline:
+        if waits:
+            with get_client(sync_client=True) as client:
+                run = client.read_flow_run(flow_run_id)
+            if run.state and run.state.is_final():
+                _logger().warning("flow run %s ended %s, found by reading its state after %d waits of %.0f s "
+                                  "without its final-state event", run.name, run.state.type.value, waits, poll_seconds)
+                return run
+        window = poll_seconds if deadline is None else min(poll_seconds, deadline - time.monotonic())
+        try:
+            return run_coro_as_sync(wait_for_flow_run(flow_run_id, timeout=max(1, math.ceil(window))))
+        except FlowRunWaitTimeout:
+            waits += 1
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        if run.state and run.state.is_final():
+            return run
+        with contextlib.suppress(Exception):
+            client.set_flow_run_state(flow_run_id, Cancelled(message="dispatch timeout"), force=True)
+    state = run.state.type.value if run.state else "PENDING"
+    raise StepFailed(f"flow run {run.name} ({flow_run_id}) still {state} after {timeout:.0f} s; "
+                     "is a worker polling its pool? (`searchloop status`)")
 
 
 def run_step_on_pool(step: str, kwargs: dict[str, Any], deployment: str = STEP_DEPLOYMENT,

@@ -113,3 +113,68 @@ def test_deploy_run_env_and_up_dispatch_options_are_checked():
     assert _parse_env(["SEARCHLOOP_DISPATCH=pool", "A=b=c"]) == {"SEARCHLOOP_DISPATCH": "pool", "A": "b=c"}
     with pytest.raises(ConfigError, match="must be KEY=VALUE"):
         _parse_env(["SEARCHLOOP_DISPATCH"])
+
+
+class _Runs:
+    """A fake Prefect client whose flow run reads Running ``running_reads`` times, then ``final`` (or Running on)."""
+
+    def __init__(self, running_reads: int, final: str | None):
+        from prefect.client.schemas.objects import FlowRun
+
+        self.run = FlowRun(name="embed-shard-x", flow_id="00000000-0000-0000-0000-000000000001")
+        self.running_reads, self.final, self.reads, self.set_states = running_reads, final, 0, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def read_flow_run(self, flow_run_id):
+        from prefect.states import Crashed, Running
+
+        self.reads += 1
+        ended = self.final is not None and self.reads > self.running_reads
+        return self.run.model_copy(update={"state": Crashed(message="infrastructure exited") if ended else Running()})
+
+    def set_flow_run_state(self, flow_run_id, state, force=False):
+        self.set_states.append(state.type.value)
+
+
+def _events_never_arrive(monkeypatch, runs: _Runs) -> list[int]:
+    """Prefect's event-driven wait times out every window (the final-state event is lost); the client is ``runs``."""
+    import prefect.client.orchestration
+    import prefect.flow_runs
+    from prefect.exceptions import FlowRunWaitTimeout
+
+    windows: list[int] = []
+
+    async def wait(flow_run_id, timeout=None):
+        windows.append(timeout)
+        raise FlowRunWaitTimeout("no event")
+
+    monkeypatch.setattr(prefect.flow_runs, "wait_for_flow_run", wait)
+    monkeypatch.setattr(prefect.client.orchestration, "get_client", lambda sync_client=False: runs)
+    return windows
+
+
+def test_wait_for_run_reads_the_state_when_its_final_event_never_arrives(monkeypatch, caplog):
+    """CI once waited 480 s on a step run the server had marked Crashed: the event-driven wait never returned."""
+    import uuid
+
+    runs = _Runs(running_reads=2, final="CRASHED")
+    windows = _events_never_arrive(monkeypatch, runs)
+    with caplog.at_level("WARNING"):
+        final = dispatch.wait_for_run(uuid.uuid4(), timeout=None, poll_seconds=0.01)
+    assert final.state.type.value == "CRASHED" and runs.reads == 3 and windows == [1, 1, 1]
+    assert "found by reading its state after 3 waits" in caplog.text
+
+
+def test_wait_for_run_cancels_a_run_still_unfinished_at_the_timeout(monkeypatch):
+    import uuid
+
+    runs = _Runs(running_reads=0, final=None)
+    _events_never_arrive(monkeypatch, runs)
+    with pytest.raises(dispatch.StepFailed, match=r"still RUNNING after 0 s; is a worker polling its pool"):
+        dispatch.wait_for_run(uuid.uuid4(), timeout=0.05, poll_seconds=0.01)
+    assert runs.set_states == ["CANCELLED"] and runs.reads >= 2
