@@ -119,7 +119,8 @@ def file_sha256(uri: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def _versions() -> dict[str, str]:
+def library_versions() -> dict[str, str]:
+    """Python's and the main libraries' versions (what a manifest records)."""
     from importlib import metadata
 
     out = {"python": platform.python_version()}
@@ -139,7 +140,7 @@ def write_manifest(dir_uri: str | os.PathLike[str], **fields: Any) -> dict[str, 
         for p in (fs.ls(path, detail=False) if fs.exists(path) else [])
         if not p.endswith(MANIFEST)
     )
-    manifest = {"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": _versions(),
+    manifest = {"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": library_versions(),
                 "files": files, **fields}
     write_json(join(dir_uri, MANIFEST), manifest)
     return manifest

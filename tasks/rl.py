@@ -88,7 +88,8 @@ def evaluate_task(cfg: RLConfig, ckpt: CheckpointRef, out_uri: str, parent_run: 
 def heldout_task(cfg: RLConfig, model: str, out_uri: str, parent_run: str, label: str) -> str:
     """Greedy held-out rollouts of one policy (``start`` or ``final``) -> per-question rows; means to the run."""
     with child_run(parent_run, f"heldout-{label}"):
-        path = heldout.evaluate_heldout(cfg, model, out_uri)
+        path = heldout.evaluate_start(cfg, model, out_uri) if label == "start" else \
+            heldout.evaluate_heldout(cfg, model, out_uri)
         heldout.log_heldout(path, label)
         if label == "start":
             heldout.check_start_policy(cfg, path)  # warns, or stops before RL (eval.start_gate)

@@ -148,6 +148,11 @@ class EvalSpec(StrictModel):
         default=0.9, ge=0, le=1, description="With compare_start: the share of held-out questions the start policy "
         "must answer in the protocol's format; RL teaches answers, not format, so a warm-up below it is reported "
         "(MLflow tag health.alarm.start_format) and, with start_gate=stop, RL does not start. None: no check.")
+    reuse_start: bool = Field(
+        default=True, description="With compare_start: reuse the start evaluation an earlier run made of the same "
+        "policy (its files' bytes) on the same questions with the same evaluation settings, reward, code, library "
+        "versions, machine and threads (training.rl.heldout.start_cache_dir; about 10 minutes for 600 questions on "
+        "a 2-core CPU); false: always compute it.")
     start_gate: Literal["warn", "stop"] = Field(
         default="warn", description="What a start policy under start_min_format_ok does: warn, or stop the run "
         "before any RL step.")

@@ -157,6 +157,104 @@ def evaluate_heldout(cfg: Any, model: str, out_uri: str) -> str:
     return path
 
 
+#: the packages whose code decides a held-out evaluation's rows (rollouts, generation, retrieval, metrics, rewards)
+CODE_PACKAGES = ("training", "retrieval", "evaluation", "infra")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def code_fingerprint(root: Path = REPO_ROOT, packages: tuple[str, ...] = CODE_PACKAGES) -> str:
+    """SHA-256 over every ``*.py`` file of ``packages`` under ``root`` (repo-relative path and bytes, sorted): any
+    change to the code that rolls out, generates, retrieves or scores makes a new fingerprint."""
+    files = sorted(f for pkg in packages for f in (root / pkg).rglob("*.py") if "__pycache__" not in f.parts)
+    return artifacts.content_hash(part for f in files for part in (f.relative_to(root).as_posix(), f.read_bytes()))
+
+
+def _model_fingerprint(model: str) -> str:
+    """The policy's files (names and bytes) when it is a local folder or file; its name otherwise."""
+    from training.generation.models import resolve_policy
+
+    path = Path(resolve_policy(model))
+    if path.is_file():
+        return artifacts.file_sha256(str(path))
+    if path.is_dir():
+        files = sorted(f for f in path.rglob("*") if f.is_file())
+        return artifacts.content_hash(part for f in files
+                                      for part in (f.relative_to(path).as_posix(), artifacts.file_sha256(str(f))))
+    return model
+
+
+def start_cache_key(cfg: Any, model: str) -> str:
+    """What a start evaluation's rows depend on, hashed: the policy's bytes, the questions, the evaluation config
+    (its ``backend: auto`` resolved for this many questions), the recipe's reward and normalization, the code
+    (:func:`code_fingerprint`), library versions, this machine (device, CPU, cores, native bf16) and torch's threads."""
+    import torch
+
+    from infra.config import config_hash
+    from training.generation.choice import machine_key
+    from training.generation.models import resolve_policy
+
+    questions = heldout_questions(cfg)
+    ecfg = eval_config(cfg, resolve_policy(model))
+    ecfg = ecfg.model_copy(update={"generator": ecfg.generator.resolved(len(questions))})
+    last = cfg.stages[-1]
+    return config_hash({
+        "model": _model_fingerprint(model), "questions": [q.model_dump(mode="json") for q in questions],
+        "eval": ecfg.model_dump(mode="json"), "reward": [last.reward, last.reward_options],
+        "normalization": cfg.eval_normalization(), "protocol": cfg.protocol, "code": code_fingerprint(),
+        "versions": artifacts.library_versions(), "machine": machine_key(), "threads": torch.get_num_threads()})
+
+
+def start_cache_dir(cfg: Any, model: str) -> str:
+    """``<runs>/rl/heldout_cache/<key>``: where a start evaluation is kept for the next run that starts from the same
+    policy with the same questions, settings, code and machine."""
+    from infra.settings import get_settings
+
+    return str(get_settings().runs_dir / "rl" / "heldout_cache" / start_cache_key(cfg, model))
+
+
+def _copy_dir(src: str, dst: str, note: dict[str, Any] | None = None) -> None:
+    """Copy a complete directory (manifest included) to ``dst`` through a temporary sibling and a rename; ``note``
+    is written as ``reused.json`` into the copy."""
+    import shutil
+    import uuid
+
+    src_p, dst_p = artifacts.local_path(src), artifacts.local_path(dst)
+    tmp = dst_p.with_name(f".{dst_p.name}.tmp-{uuid.uuid4().hex[:8]}")
+    shutil.copytree(src_p, tmp)
+    if note is not None:
+        artifacts.write_json(str(tmp / "reused.json"), note)
+    if dst_p.exists():  # an incomplete earlier attempt (no manifest): replaced
+        shutil.rmtree(dst_p)
+    tmp.rename(dst_p)
+
+
+def evaluate_start(cfg: Any, model: str, out_uri: str) -> str:
+    """The start policy's held-out rows (:func:`evaluate_heldout`), reused from :func:`start_cache_dir` when an
+    earlier run evaluated the same policy bytes on the same questions with the same settings, code and machine
+    (``eval.reuse_start``; local paths only). Greedy rollouts are deterministic there, so the copy is what this run
+    would compute; a run that computes it leaves a copy for the next."""
+    from infra.errors import ArtifactError
+
+    path = artifacts.join(out_uri, "heldout.jsonl")
+    if artifacts.read_manifest(out_uri) is not None:
+        return path
+    if not cfg.eval.reuse_start:
+        return evaluate_heldout(cfg, model, out_uri)
+    try:
+        cache = start_cache_dir(cfg, model)
+        artifacts.local_path(out_uri)
+    except ArtifactError:  # a remote run folder: computed, not cached
+        return evaluate_heldout(cfg, model, out_uri)
+    if artifacts.read_manifest(cache) is not None:
+        _copy_dir(cache, out_uri, note={"from": cache, "model": model})
+        log.info("held-out start: reused %s (same policy bytes, questions, settings, code and machine; "
+                 "eval.reuse_start=false recomputes it)", cache)
+        return path
+    evaluate_heldout(cfg, model, out_uri)
+    _copy_dir(out_uri, cache)
+    return path
+
+
 def log_heldout(path: str, label: str) -> None:
     """Means of a held-out row file as ``heldout/<label>/<metric>`` plus the file, to the active MLflow run."""
     from infra.tracking import log_artifact, log_metrics

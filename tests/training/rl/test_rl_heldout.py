@@ -241,3 +241,61 @@ def test_r1searcher_rows_carry_token_cover_em_and_judged_accuracy(monkeypatch) -
         server.server_close()
     assert [r["acc_l"] for r in rows] == [1.0, 0.0] and len(seen) == 2 and seen[0]["model"] == "judge-m"
     assert heldout_fields(rows)[-1] == "acc_l"
+
+
+def test_start_evaluation_is_reused_only_when_nothing_it_depends_on_changed(tmp_path, monkeypatch) -> None:
+    """A run that starts from the same policy bytes with the same questions, settings and code copies the start
+    rows an earlier run computed (about 10 minutes of a 2-core CPU for 600 questions); any change recomputes."""
+    import training.generation.models as models
+    import training.rl.heldout as rl_heldout
+    from infra import artifacts
+
+    monkeypatch.setattr(models, "resolve_policy", lambda m: m)
+    computed: list[str] = []
+
+    def fake_evaluate(cfg, model, out_uri):
+        computed.append(out_uri)
+        artifacts.write_jsonl(artifacts.join(out_uri, "heldout.jsonl"), [{"id": "1", "f1": float(len(computed))}])
+        artifacts.write_manifest(out_uri, kind="rl_heldout", model=model, count=1)
+        return artifacts.join(out_uri, "heldout.jsonl")
+
+    monkeypatch.setattr(rl_heldout, "evaluate_heldout", fake_evaluate)
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "adapter.safetensors").write_bytes(b"weights 1")
+    cfg = load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=3"])
+
+    def start(run: str, config: RLConfig = cfg) -> list[dict]:
+        return artifacts.read_jsonl(rl_heldout.evaluate_start(config, str(policy), str(tmp_path / run / "start")))
+
+    first = start("a")
+    assert start("b") == first and len(computed) == 1  # the second run copied the first run's rows
+    assert json.loads((tmp_path / "b" / "start" / "reused.json").read_text())["model"] == str(policy)
+    assert artifacts.read_manifest(str(tmp_path / "b" / "start"))["count"] == 1
+    assert start("b") == first and len(computed) == 1  # a run folder with a manifest is its own answer, as before
+
+    start("c", load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=3", "eval.max_new_tokens=64"]))
+    assert len(computed) == 2  # another evaluation setting
+    start("d", load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=4"]))
+    assert len(computed) == 3  # other questions
+    (policy / "adapter.safetensors").write_bytes(b"weights 2")
+    start("e")
+    assert len(computed) == 4  # other policy bytes at the same path
+    monkeypatch.setattr(rl_heldout, "code_fingerprint", lambda: "changed code")
+    start("f")
+    assert len(computed) == 5  # other code
+    start("g", load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=3", "eval.reuse_start=false"]))
+    assert len(computed) == 6 and not (tmp_path / "g" / "start" / "reused.json").exists()
+
+
+def test_code_fingerprint_follows_the_sources_only(tmp_path) -> None:
+    from training.rl.heldout import code_fingerprint
+
+    (tmp_path / "training" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "training" / "a.py").write_text("x = 1\n")
+    before = code_fingerprint(tmp_path, ("training",))
+    (tmp_path / "training" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"compiled")
+    (tmp_path / "training" / "notes.md").write_text("not code")
+    assert code_fingerprint(tmp_path, ("training",)) == before
+    (tmp_path / "training" / "a.py").write_text("x = 2\n")
+    assert code_fingerprint(tmp_path, ("training",)) != before
