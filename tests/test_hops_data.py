@@ -77,3 +77,20 @@ def test_r1searcher_stages_label_the_rl_file_only(tmp_path: Path) -> None:
     spec.loader.exec_module(mod)
     assert mod.main(["--shared", str(shared), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "2wiki_hops_rl_staged.jsonl").read_bytes() == (HOPS / "2wiki_hops_rl_staged.jsonl").read_bytes()
+
+
+def test_dates_file_balances_the_rl_questions_between_two_dates(tmp_path: Path) -> None:
+    """``2wiki_hops_rl_dates.jsonl`` (ReSearch attempt 8) is the RL file, then the warm-up file's "date of death"
+    rows, verbatim; ``data/hops/dates.py`` rebuilds it byte for byte; it shares no question with the held-out sets."""
+    rl, warmup, dates = (_rows(f"2wiki_hops_{n}.jsonl") for n in ("rl", "warmup", "rl_dates"))
+    added = [r for r in warmup if r["metadata"]["relation"] == "date of death"]
+    assert dates == rl + added and len(added) == 36
+    relations = [r["metadata"]["relation"] for r in dates]
+    assert (relations.count("date of birth"), relations.count("date of death")) == (50, 69)
+    held = {r["question"].lower() for r in _rows("2wiki_hops_heldout600.jsonl")}
+    assert not held & {r["question"].lower() for r in dates}
+    spec = importlib.util.spec_from_file_location("hops_dates", HOPS / "dates.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--out", str(tmp_path)]) == 0
+    assert (tmp_path / "2wiki_hops_rl_dates.jsonl").read_bytes() == (HOPS / "2wiki_hops_rl_dates.jsonl").read_bytes()
