@@ -14,6 +14,12 @@ From those rows alone (no run, no summary file), with the paired bootstrap of :m
 folders without both files (attempts stopped before their final evaluation) are listed as such. ``--ids FILE``
 restricts every folder to the questions whose ``id`` a JSONL file lists (e.g. the first 210 rows of a larger
 held-out set: ``--ids data/hops/2wiki_hops_heldout.jsonl``); a folder holding none of them is skipped.
+
+``--by FIELD --questions FILE`` splits each folder's F1 change by a field of the held-out questions (a dotted path,
+e.g. ``metadata.relation``): per group, the rows, F1 start -> final with its paired interval, the questions that went
+up and down and the summed change, so a mean that hides a trade between question types is read as one (ReSearch's
+single-hop runs gained on "When was X born?" and lost on "When did X die?"). Groups under ``--min-group`` rows are
+pooled as ``(other)``.
 """
 
 from __future__ import annotations
@@ -149,6 +155,62 @@ def table(results: Sequence[Criteria], missing: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
+class GroupChange(BaseModel):
+    """The F1 change of one group of held-out questions (``--by``)."""
+
+    group: str
+    f1: PairedDiff
+    up: int = Field(description="Questions whose F1 rose.")
+    down: int = Field(description="Questions whose F1 fell.")
+    summed: float = Field(description="Sum of final - start F1 over the group's questions.")
+
+
+def _get(row: dict[str, Any], path: str) -> Any:
+    value: Any = row
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def group_changes(folder: str | Path, groups: dict[str, str], min_group: int = 10, n_resamples: int = 10000,
+                  seed: int = 0) -> list[GroupChange]:
+    """F1 final - start of one evidence folder split by ``groups`` (question id -> group name); groups with fewer
+    than ``min_group`` paired rows are pooled as ``(other)``, questions without a group as ``(none)``. Largest
+    groups first; empty when the folder lacks either evaluation."""
+    d = Path(folder)
+    start_p, final_p = d / "heldout_start.jsonl", d / "heldout_final.jsonl"
+    if not (start_p.is_file() and final_p.is_file()):
+        return []
+    final = {str(r["id"]): r for r in _rows(final_p)}
+    pairs: dict[str, list[tuple[float, float]]] = {}
+    for r in _rows(start_p):
+        f = final.get(str(r["id"]))
+        if f is not None:
+            pairs.setdefault(groups.get(str(r["id"]), "(none)"), []).append((float(r["f1"]), float(f["f1"])))
+    pooled: dict[str, list[tuple[float, float]]] = {}
+    for name, rows in pairs.items():
+        pooled.setdefault(name if len(rows) >= min_group else "(other)", []).extend(rows)
+    out = []
+    for name, rows in sorted(pooled.items(), key=lambda kv: (kv[0] == "(other)", -len(kv[1]), kv[0])):
+        a, b = [x for x, _ in rows], [y for _, y in rows]
+        out.append(GroupChange(group=name, f1=paired_bootstrap(a, b, field="f1", n_resamples=n_resamples, seed=seed),
+                               up=sum(y > x for x, y in rows), down=sum(y < x for x, y in rows),
+                               summed=sum(y - x for x, y in rows)))
+    return out
+
+
+def group_table(folder: str, changes: Sequence[GroupChange]) -> str:
+    """Markdown table of :func:`group_changes` for one folder."""
+    lines = [f"{folder}:", "", "| group | n | F1 start → final | F1 Δ [95%] | up / down | summed Δ |",
+             "|---|---|---|---|---|---|"]
+    for c in changes:
+        lines.append(f"| {c.group} | {c.f1.n} | {c.f1.start:.3f} → {c.f1.final:.3f} | {_ci(c.f1)} | "
+                     f"{c.up} / {c.down} | {c.summed:+.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: evidence folders; prints the markdown table (or ``--json``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -157,7 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resamples", type=int, default=10000)
     ap.add_argument("--ids", type=Path, default=None,
                     help="JSONL file whose rows' ids restrict every folder (e.g. data/hops/2wiki_hops_heldout.jsonl)")
+    ap.add_argument("--by", default=None, metavar="FIELD",
+                    help="split each folder's F1 change by this field of the --questions rows (e.g. metadata.relation)")
+    ap.add_argument("--questions", type=Path, default=None,
+                    help="JSONL held-out questions holding the --by field (e.g. data/hops/2wiki_hops_heldout600.jsonl)")
+    ap.add_argument("--min-group", type=int, default=10, help="--by groups with fewer rows are pooled as (other)")
     args = ap.parse_args(argv)
+    if (args.by is None) != (args.questions is None):
+        ap.error("--by and --questions go together: --by metadata.relation --questions <held-out JSONL file>")
     ids = None
     if args.ids is not None:
         if not args.ids.is_file():
@@ -170,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     if not_dirs:
         ap.error(f"not a folder: {', '.join(not_dirs)}; pass evidence folders, e.g. docs/results/learning/*/")
     results, missing, outside = [], [], []
+    paths: dict[str, Path] = {}
     for f in sorted(args.folders):
         r = evaluate_folder(f, n_resamples=args.resamples, ids=ids)
         if r is None:
@@ -180,16 +250,42 @@ def main(argv: list[str] | None = None) -> int:
                 missing.append(f.name)
             continue
         results.append(r)
+        paths[r.folder] = f
     if not results and outside:
         ap.error(f"no folder holds any question of --ids {args.ids} ({', '.join(outside)}); pass the held-out file "
                  "those folders were evaluated on, or a part of it")
     if not results and not missing:
         ap.error("no folder holds heldout_start.jsonl; pass evidence folders, e.g. docs/results/learning/*/")
+    if args.by is not None:
+        return _print_groups(ap, args, [paths[r.folder] for r in results])
     if args.json:
         for r in results:
             print(json.dumps({**r.model_dump(), "meets_1_to_4": r.meets_1_to_4}))
     else:
         print(table(results, missing))
+    return 0
+
+
+def _print_groups(ap: argparse.ArgumentParser, args: argparse.Namespace, folders: Sequence[Path]) -> int:
+    if not args.questions.is_file():
+        ap.error(f"--questions {args.questions} does not exist; pass the held-out JSONL file the folders were "
+                 "evaluated on")
+    try:
+        rows = _rows(args.questions)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        ap.error(f"--questions {args.questions} is not a JSONL file ({exc})")
+    groups = {str(r["id"]): str(v) for r in rows if isinstance(r, dict) and "id" in r
+              and (v := _get(r, args.by)) is not None}
+    if not groups:
+        ap.error(f"no row of {args.questions} has the field {args.by!r}; pass a dotted path such as "
+                 "metadata.relation")
+    for folder in folders:
+        changes = group_changes(folder, groups, args.min_group, args.resamples)
+        if args.json:
+            for c in changes:
+                print(json.dumps({"folder": folder.name, **c.model_dump()}))
+        else:
+            print(group_table(folder.name, changes) + "\n")
     return 0
 
 

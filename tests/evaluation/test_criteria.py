@@ -108,3 +108,34 @@ def test_ids_restrict_every_folder(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main([str(tmp_path / "rec"), "--ids", str(tmp_path / "ids.txt")])
     assert exc.value.code == 2 and "is not a JSONL file" in capsys.readouterr().err
+
+
+def test_by_splits_the_f1_change_by_a_question_field(tmp_path, capsys) -> None:
+    # 30 "born" questions gain 0.5, 30 "die" questions lose 0.5, 3 "rare" ones gain: the mean hides a trade
+    rel = ["born"] * 30 + ["die"] * 30 + ["rare"] * 3
+    start = [_row(i, 0.5, 0.5, True, 1.0) for i in range(63)]
+    final = [_row(i, 0.5, 1.0 if rel[i] != "die" else 0.0, True, 1.0) for i in range(63)]
+    _write(tmp_path / "rec", start, final)
+    from evaluation.criteria import group_changes
+
+    groups = {f"q{i}": r for i, r in enumerate(rel)}
+    changes = {c.group: c for c in group_changes(tmp_path / "rec", groups, min_group=10, n_resamples=300)}
+    assert set(changes) == {"born", "die", "(other)"}
+    assert changes["born"].up == 30 and changes["born"].f1.low > 0 and changes["born"].summed == 15
+    assert changes["die"].down == 30 and changes["die"].f1.high < 0
+    assert changes["(other)"].f1.n == 3
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"id": f"q{i}", "metadata": {"relation": r}}) + "\n"
+                                 for i, r in enumerate(rel)))
+    assert main([str(tmp_path / "rec"), "--by", "metadata.relation", "--questions", str(questions),
+                 "--resamples", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "| born | 30 | 0.500 → 1.000 |" in out and "| die | 30 |" in out and "30 / 0 | +15.0 |" in out
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:  # --by without --questions
+        main([str(tmp_path / "rec"), "--by", "metadata.relation"])
+    assert exc.value.code == 2 and "go together" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # a field no question has
+        main([str(tmp_path / "rec"), "--by", "metadata.nope", "--questions", str(questions)])
+    assert exc.value.code == 2 and "has the field 'metadata.nope'" in capsys.readouterr().err
