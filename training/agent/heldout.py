@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +258,21 @@ def plot_paired(summary: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def question_groups(questions: Iterable[Any], field: str | None) -> dict[str, str]:
+    """Question id -> the value of ``field`` (a dotted path into the question, e.g. ``metadata.relation``) for the
+    questions that have it; empty when ``field`` is None or no question has it (the report then has no split)."""
+    if not field:
+        return {}
+    out: dict[str, str] = {}
+    for q in questions:
+        value: Any = q.model_dump(mode="json") if hasattr(q, "model_dump") else q
+        for part in field.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None and not isinstance(value, (dict, list)):
+            out[str(q.id if hasattr(q, "id") else q["id"])] = str(value)
+    return out
+
+
 def write_evidence(
     out_dir: str | Path, start_rows: Sequence[dict[str, Any]], final_rows: Sequence[dict[str, Any]],
     train_ids: Iterable[str], summary: dict[str, Any], curve: Sequence[dict[str, Any]] = (), x: str = "step",
@@ -288,7 +303,7 @@ def report_learning(
     train_ids: Iterable[str], out_dir: str | Path, curve: Sequence[dict[str, Any]] = (), x: str = "step",
     evidence_dir: str | Path | None = None, mlflow_run_id: str | None = None, confidence: float = 0.95,
     n_resamples: int = 10000, alarm_config: AlarmConfig | None = None, alarm_window: int = 5,
-    training_alarms: Sequence[Alarm] = (), **extra: Any,
+    training_alarms: Sequence[Alarm] = (), groups: Mapping[str, str] | None = None, **extra: Any,
 ) -> dict[str, Any]:
     """The whole learning report of a recipe: summary (paired intervals), evidence files, plots, MLflow artifacts.
 
@@ -296,7 +311,10 @@ def report_learning(
     ``docs/results/learning/<recipe>``); logs every file under ``learning/`` of ``mlflow_run_id`` and the paired
     numbers as metrics (``heldout_<field>_start|final|diff|low|high``). The health alarms (:func:`learning_alarms`
     with ``alarm_config``, default thresholds when None, ``alarm_window`` training steps, plus ``training_alarms``)
-    go into the summary's ``alarms`` and the run's tags ``health.alarm.<name>.<where>``. Returns the summary.
+    go into the summary's ``alarms`` and the run's tags ``health.alarm.<name>.<where>``. With ``groups`` (question
+    id -> group, e.g. the relation a single-hop question asks for), ``by_group.md`` splits the F1 change by group
+    (:func:`evaluation.criteria.group_changes`), so a mean that hides a trade between question types is seen in the
+    evidence itself. Returns the summary.
     """
     import shutil
 
@@ -307,6 +325,14 @@ def report_learning(
     summary = learning_summary(recipe, start_rows, final_rows, confidence=confidence, n_resamples=n_resamples,
                                mlflow_run_id=mlflow_run_id, alarms=[a.model_dump() for a in alarms], **extra)
     files = write_evidence(out_dir, start_rows, final_rows, train_ids, summary, curve, x=x)
+    if groups:
+        from evaluation.criteria import group_changes, group_table
+
+        changes = group_changes(out_dir, groups, n_resamples=n_resamples)
+        by_group = Path(out_dir) / "by_group.md"
+        by_group.write_text(group_table(recipe, changes) + "\n")
+        files.append(by_group)
+        log.info("%s F1 change by group:\n%s", recipe, group_table(recipe, changes))
     if evidence_dir is not None:
         dest = Path(evidence_dir)
         dest.mkdir(parents=True, exist_ok=True)

@@ -90,6 +90,9 @@ class LearningSettings(StrictModel):
     every_iteration: bool = Field(default=True, description="Evaluate after every iteration (else start and final).")
     evidence_dir: str | None = Field(default=None, description="Also copy the evidence here (repo-relative ok).")
     recipe: str = Field(default="exsearch_em", description="Recipe name in the summary.")
+    split_by: str | None = Field(
+        default="metadata.relation", description="Also split the held-out F1 change by this field of the questions "
+        "(a dotted path; by_group.md in the evidence); none having it means no split. Report only: not in the key.")
     n_resamples: int = Field(default=10000, ge=10, description="Paired bootstrap resamples.")
 
 
@@ -135,6 +138,8 @@ class EMLoopConfig(StrictModel):
         """Short hash of everything that shapes the artifacts (same key = same directory = resume). Loop control
         (``iterations``, ``early_stop_drops``) and timeouts are left out, so they can change on a resume."""
         data = self.model_dump(mode="json", exclude={"iterations", "early_stop_drops", "step_timeout_s"})
+        if data.get("learning"):
+            data["learning"].pop("split_by", None)  # report only
         for section in ("warmup", "sampling", "evaluation"):
             data[section].pop("timeout_s", None)
         for sft in (data["warmup"]["sft"], data["alignment"]):

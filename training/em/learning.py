@@ -117,7 +117,7 @@ def write_learning_report(cfg: Any, start: HeldoutRef, final: HeldoutRef, curve:
 
     from infra import artifacts
     from infra.paths import repo_path
-    from training.agent.heldout import report_learning
+    from training.agent.heldout import build_heldout, question_groups, report_learning
 
     learn = cfg.learning
     if learn is None:
@@ -127,4 +127,5 @@ def write_learning_report(cfg: Any, start: HeldoutRef, final: HeldoutRef, curve:
     return report_learning(learn.recipe, read(start.rows), read(final.rows), train_question_ids(cfg),
                            Path(final.path).parent.parent / "learning", curve=curve, x="iteration",
                            evidence_dir=evidence, mlflow_run_id=run_id, n_resamples=learn.n_resamples,
+                           groups=question_groups(build_heldout(learn.heldout), learn.split_by),
                            start_checkpoint=start.model, final_checkpoint=final.model, **extra)

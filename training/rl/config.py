@@ -163,6 +163,10 @@ class EvalSpec(StrictModel):
     evidence_dir: str | None = Field(
         default=None, description="With compare_start: copy rows, summary and plots here (repo-relative, e.g. "
         "docs/results/learning/searchr1_grpo).")
+    split_by: str | None = Field(
+        default="metadata.relation", description="With compare_start: also split the held-out F1 change by this "
+        "field of the questions (a dotted path; by_group.md in the evidence); questions without it are left out of "
+        "the split, and none having it means no split. Report only: not part of the run's key.")
     max_new_tokens: int = Field(default=256, ge=8, description="Response budget per trajectory.")
     top_k: int | None = Field(
         default=None, ge=1, description="Documents per search at evaluation (R1-Searcher evaluates with 5, trains with "
@@ -227,8 +231,10 @@ class RLConfig(StrictModel):
 
     def key(self) -> str:
         """Short hash of the preset + overrides (its experiment directory, ``infra.paths.experiment_root``); the
-        warm-up SFT's ``timeout_s`` is left out, so a re-run may raise it and still reuse the directory."""
+        warm-up SFT's ``timeout_s`` and the report-only ``eval.split_by`` are left out, so a re-run may change them and
+        still reuse the directory."""
         data = self.model_dump(mode="json")
+        data["eval"].pop("split_by", None)  # report only: a changed split reuses the run
         if data["init"].get("warmup"):
             data["init"]["warmup"]["sft"].pop("timeout_s", None)
         return config_hash(data)[:10]

@@ -303,7 +303,7 @@ def write_learning_report(cfg: Any, start: str, final: str, ckpts: list[Any], da
     from infra.paths import home_relative, repo_path
     from infra.tracking import active_run_id
     from training.agent.alarms import Alarm
-    from training.agent.heldout import report_learning, summary_table
+    from training.agent.heldout import question_groups, report_learning, summary_table
 
     run_id = active_run_id()
     alarm_files = [Path(c.stage_dir) / "alarms.json" for c in ckpts]
@@ -319,7 +319,8 @@ def write_learning_report(cfg: Any, start: str, final: str, ckpts: list[Any], da
         training_alarms=trained,
         steps=[c.steps for c in ckpts], start_model=home_relative(start_meta.get("model")),
         final_model=home_relative(ckpts[-1].uri),
-        heldout_seconds={"start": start_meta.get("seconds"), "final": final_meta.get("seconds")})
+        heldout_seconds={"start": start_meta.get("seconds"), "final": final_meta.get("seconds")},
+        groups=question_groups(heldout_questions(cfg), cfg.eval.split_by))
     for c in ckpts:  # the stages' own training-health plots next to the evidence
         for name in ("health.png", "curve.png"):
             src = Path(c.stage_dir) / name

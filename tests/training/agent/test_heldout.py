@@ -74,3 +74,27 @@ def test_greedy_rows_summary_and_evidence(tmp_path, bm25, smol_tokenizer) -> Non
     assert (tmp_path / "docs" / "train_ids.txt").read_text() == "t1\nt2\n"
     with pytest.raises(DataError, match="used for training"):
         report_learning("demo", start, rows, ["q1"], tmp_path / "bad", n_resamples=100)
+
+
+def test_report_splits_the_f1_change_by_a_question_field(tmp_path) -> None:
+    """``groups`` (from :func:`question_groups` on a dotted field) -> ``by_group.md`` in the evidence folder and its
+    copy: the born questions' gain and the died questions' loss are both visible though the mean is 0."""
+    from training.agent.heldout import question_groups
+
+    qs = [Question(id=f"q{i}", question=f"When did person {i} {'die' if i % 2 else 'live'}?", golden_answers=["1900"],
+                   metadata={"relation": "date of death" if i % 2 else "date of birth"}) for i in range(24)]
+    groups = question_groups(qs, "metadata.relation")
+    assert groups["q0"] == "date of birth" and groups["q1"] == "date of death" and len(groups) == 24
+    assert question_groups(qs, None) == {} and question_groups(qs, "metadata.nope") == {}
+    assert question_groups([{"id": "x", "metadata": {"relation": "father"}}], "metadata.relation") == {"x": "father"}
+    row = {"question": "q", "golden_answers": ["1900"], "pred": "", "format_ok": True, "n_searches": 1.0,
+           "reward": 0.5, "em": 0.0}
+    start = [{**row, "id": q.id, "f1": 0.5} for q in qs]
+    final = [{**row, "id": q.id, "f1": 0.0 if i % 2 else 1.0} for i, q in enumerate(qs)]
+    report_learning("dates", start, final, ["t1"], tmp_path / "ev", evidence_dir=tmp_path / "docs",
+                    n_resamples=100, groups=groups)
+    text = (tmp_path / "docs" / "by_group.md").read_text()
+    assert "| date of birth | 12 | 0.500 → 1.000 |" in text and "12 / 0 | +6.0 |" in text
+    assert "| date of death | 12 | 0.500 → 0.000 |" in text and "0 / 12 | -6.0 |" in text
+    report_learning("plain", start, final, ["t1"], tmp_path / "ev2", n_resamples=100)
+    assert not (tmp_path / "ev2" / "by_group.md").exists()
