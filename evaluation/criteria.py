@@ -19,7 +19,7 @@ held-out set: ``--ids data/hops/2wiki_hops_heldout.jsonl``); a folder holding no
 e.g. ``metadata.relation``): per group, the rows, F1 start -> final with its paired interval, the questions that went
 up and down and the summed change, so a mean that hides a trade between question types is read as one (ReSearch's
 single-hop runs gained on "When was X born?" and lost on "When did X die?"). Groups under ``--min-group`` rows are
-pooled as ``(other)``.
+pooled as ``(other)``, and so are groups not named in ``--groups A,B`` when it is given.
 """
 
 from __future__ import annotations
@@ -175,10 +175,10 @@ def _get(row: dict[str, Any], path: str) -> Any:
 
 
 def group_changes(folder: str | Path, groups: dict[str, str], min_group: int = 10, n_resamples: int = 10000,
-                  seed: int = 0) -> list[GroupChange]:
+                  seed: int = 0, keep: Sequence[str] | None = None) -> list[GroupChange]:
     """F1 final - start of one evidence folder split by ``groups`` (question id -> group name); groups with fewer
-    than ``min_group`` paired rows are pooled as ``(other)``, questions without a group as ``(none)``. Largest
-    groups first; empty when the folder lacks either evaluation."""
+    than ``min_group`` paired rows, or not in ``keep`` when it is given, are pooled as ``(other)``, questions without
+    a group as ``(none)``. Largest groups first; empty when the folder lacks either evaluation."""
     d = Path(folder)
     start_p, final_p = d / "heldout_start.jsonl", d / "heldout_final.jsonl"
     if not (start_p.is_file() and final_p.is_file()):
@@ -191,7 +191,8 @@ def group_changes(folder: str | Path, groups: dict[str, str], min_group: int = 1
             pairs.setdefault(groups.get(str(r["id"]), "(none)"), []).append((float(r["f1"]), float(f["f1"])))
     pooled: dict[str, list[tuple[float, float]]] = {}
     for name, rows in pairs.items():
-        pooled.setdefault(name if len(rows) >= min_group else "(other)", []).extend(rows)
+        kept = len(rows) >= min_group and (keep is None or name in keep)
+        pooled.setdefault(name if kept else "(other)", []).extend(rows)
     out = []
     for name, rows in sorted(pooled.items(), key=lambda kv: (kv[0] == "(other)", -len(kv[1]), kv[0])):
         a, b = [x for x, _ in rows], [y for _, y in rows]
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--questions", type=Path, default=None,
                     help="JSONL held-out questions holding the --by field (e.g. data/hops/2wiki_hops_heldout600.jsonl)")
     ap.add_argument("--min-group", type=int, default=10, help="--by groups with fewer rows are pooled as (other)")
+    ap.add_argument("--groups", default=None,
+                    help="comma-separated --by groups to show; the rest are pooled as (other) (e.g. 'date of death,"
+                         "date of birth')")
     args = ap.parse_args(argv)
     if (args.by is None) != (args.questions is None):
         ap.error("--by and --questions go together: --by metadata.relation --questions <held-out JSONL file>")
@@ -280,7 +284,8 @@ def _print_groups(ap: argparse.ArgumentParser, args: argparse.Namespace, folders
         ap.error(f"no row of {args.questions} has the field {args.by!r}; pass a dotted path such as "
                  "metadata.relation")
     for folder in folders:
-        changes = group_changes(folder, groups, args.min_group, args.resamples)
+        keep = [g.strip() for g in args.groups.split(",")] if args.groups else None
+        changes = group_changes(folder, groups, args.min_group, args.resamples, keep=keep)
         if args.json:
             for c in changes:
                 print(json.dumps({"folder": folder.name, **c.model_dump()}))

@@ -124,6 +124,9 @@ def test_by_splits_the_f1_change_by_a_question_field(tmp_path, capsys) -> None:
     assert changes["born"].up == 30 and changes["born"].f1.low > 0 and changes["born"].summed == 15
     assert changes["die"].down == 30 and changes["die"].f1.high < 0
     assert changes["(other)"].f1.n == 3
+    kept = {c.group: c.f1.n for c in group_changes(tmp_path / "rec", groups, min_group=1, n_resamples=100,
+                                                   keep=["die"])}
+    assert kept == {"die": 30, "(other)": 33}
     questions = tmp_path / "q.jsonl"
     questions.write_text("".join(json.dumps({"id": f"q{i}", "metadata": {"relation": r}}) + "\n"
                                  for i, r in enumerate(rel)))
@@ -131,6 +134,9 @@ def test_by_splits_the_f1_change_by_a_question_field(tmp_path, capsys) -> None:
                  "--resamples", "200"]) == 0
     out = capsys.readouterr().out
     assert "| born | 30 | 0.500 → 1.000 |" in out and "| die | 30 |" in out and "30 / 0 | +15.0 |" in out
+    assert main([str(tmp_path / "rec"), "--by", "metadata.relation", "--questions", str(questions), "--groups",
+                 "born", "--resamples", "100"]) == 0
+    assert "| (other) | 33 | 0.500 → 0.091 |" in capsys.readouterr().out  # 30 died at 0, 3 rare at 1
     import pytest
 
     with pytest.raises(SystemExit) as exc:  # --by without --questions
