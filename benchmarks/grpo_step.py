@@ -16,7 +16,12 @@ of the merged weights; only where the CPU has native bf16), ``beta0`` (no KL ter
 ``short`` (max_completion_length and max_tokens_per_turn x 2/3); and, on top of ``today`` alone, ``ckpt``
 (activation checkpointing) and ``micro2`` (micro-batches of 2), the memory candidates of issue 26 item 4, and
 ``fixed_heap`` (the rollouts on the training's fixed glibc mmap threshold, as every step ran them until session 22;
-now they run inside ``infra.memory.inference_heap``).
+now they run inside ``infra.memory.inference_heap``) and ``thp`` (today's settings in a process started with
+PyTorch's ``THP_MEM_ALLOC_ENABLE=1``: CPU tensors of 2 MiB and more are 2 MiB-aligned and ``madvise``d as transparent
+huge pages, so the training's fixed mmap threshold faults their memory in 2 MiB pages instead of 4 KiB ones; needs
+``--isolate``, since the variable is read once per process).
+Each variant's minor page faults and system CPU seconds per step (``getrusage``, warm-up step included) are printed
+next to its time: the price of the fixed mmap threshold (``infra.memory``).
 Each variant's peak RSS during its measured steps is sampled (every 0.1 s); ``--isolate`` runs every variant in a
 fresh process, so the peaks do not inherit an earlier variant's heap.
 Prints trajectories trained per minute per variant and its ratio to ``today``, the bf16 vs fp32 log-prob gap on one
@@ -43,7 +48,9 @@ BF16_LABEL = "bf16 (autocast train, bf16 copy rollout)"
 REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
 #: variants applied to ``today`` alone (not cumulative): the memory candidates
-EXTRA = ("ckpt", "micro2", "fixed_heap")
+EXTRA = ("ckpt", "micro2", "fixed_heap", "thp")
+#: variants run in a process with these environment variables (``--isolate`` only)
+VARIANT_ENV = {"thp": {"THP_MEM_ALLOC_ENABLE": "1"}}
 
 
 def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
@@ -53,8 +60,8 @@ def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
         return base.model_copy(update={"gradient_checkpointing": True})
     if name == "micro2":
         return base.model_copy(update={"micro_batch_size": 2})
-    if name == "fixed_heap":  # today's settings; run_variant switches infra.memory.INFERENCE_HEAP off
-        return base
+    if name in ("fixed_heap", "thp"):  # today's settings; fixed_heap: run_variant switches INFERENCE_HEAP off,
+        return base  # thp: run_isolated starts the process with VARIANT_ENV
     upd: dict[str, Any] = {}
     for step in ORDER[1: ORDER.index(name) + 1]:
         if step == "lora":
@@ -149,11 +156,16 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
     peak = RSSPeak(clock)
     peak.start()
     infra.memory.INFERENCE_HEAP = name != "fixed_heap"
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF)
     try:
         trainer.train()
     finally:
         peak.stop()
         infra.memory.INFERENCE_HEAP = True
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    all_steps = warmup + steps
     n = len(clock.steps)
     p = {k: v / n for k, v in clock.parts.items()}
     gen = p.pop("_generate_and_score", 0.0)
@@ -167,7 +179,9 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
     trainable = sum(x.numel() for x in trainer.model.parameters() if x.requires_grad)
     return {"name": name, "step_s": step, "parts": parts, "traj_per_min": 60 * trajs / step,
             "tokens_per_traj": sum(clock.tokens) / max(1, len(clock.tokens)), "trainable": trainable,
-            "ref_model": trainer.ref_model is not None, "cfg": cfg, "peak_rss_gb": peak.peak / 1e9}
+            "ref_model": trainer.ref_model is not None, "cfg": cfg, "peak_rss_gb": peak.peak / 1e9,
+            "minflt_per_step": (after.ru_minflt - before.ru_minflt) / all_steps,
+            "sys_s_per_step": (after.ru_stime - before.ru_stime) / all_steps}
 
 
 class RSSPeak:
@@ -246,8 +260,9 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
              f"{env_before['nice']}, load (1/5/15 min) before {tuple(round(x, 2) for x in env_before['load_1_5_15'])}"
              f", after {tuple(round(x, 2) for x in env_after['load_1_5_15'])}.", "",
              "| variant | dtype | LoRA | beta | ref model copy | rollout s | reference fwd s | policy fwd/bwd s | "
-             "optimizer s | other s | step s | tokens/traj | trajectories/min | x today | peak RSS GB (steps) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "optimizer s | other s | step s | tokens/traj | trajectories/min | x today | peak RSS GB (steps) | "
+             "minor faults / step | system CPU s / step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         c, p = r["cfg"], r["parts"]
         lines.append(
@@ -255,7 +270,8 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
             f"{c.lora_rank or 'full'} | {c.beta} | {'yes' if r['ref_model'] else 'no'} | {p['rollout']:.1f} | "
             f"{p['reference forward']:.1f} | {p['policy forward/backward']:.1f} | {p['optimizer']:.2f} | "
             f"{p['other']:.1f} | {r['step_s']:.1f} | {r['tokens_per_traj']:.0f} | {r['traj_per_min']:.1f} | "
-            f"{r['traj_per_min'] / base['traj_per_min']:.2f} | {r.get('peak_rss_gb', float('nan')):.2f} |")
+            f"{r['traj_per_min'] / base['traj_per_min']:.2f} | {r.get('peak_rss_gb', float('nan')):.2f} | "
+            f"{r.get('minflt_per_step', float('nan')):,.0f} | {r.get('sys_s_per_step', float('nan')):.1f} |")
     best = results[-1]
     scope = "today with it alone" if best["name"] in EXTRA else "all switches up to it"
     lines += ["", f"**Ratio (b)/(a): {best['traj_per_min'] / base['traj_per_min']:.2f}x** trajectories trained per "
@@ -287,7 +303,7 @@ def run_isolated(args: argparse.Namespace, names: list[str]) -> int:
                 cmd += ["--stage", args.stage]
             if args.model:
                 cmd += ["--model", args.model]
-            subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+            subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(REPO), **VARIANT_ENV.get(name, {})))
             for r in json.loads(out.read_text()):
                 env_before = env_before or r.pop("env")
                 r.pop("env", None)
@@ -320,6 +336,9 @@ def main() -> int:
     names = [v for v in args.variants.split(",") if v]
     if args.child_out is None and (names[0] != "today" or any(v not in ORDER + EXTRA for v in names)):
         parser.error(f"--variants must start with today and use {ORDER + EXTRA}")
+    if args.child_out is None and not args.isolate and set(names) & set(VARIANT_ENV):
+        parser.error(f"variants {sorted(set(names) & set(VARIANT_ENV))} set environment variables at process start: "
+                     "add --isolate")
     if args.isolate and args.child_out is None:
         return run_isolated(args, names)
 
