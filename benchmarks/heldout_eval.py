@@ -25,6 +25,9 @@ from the 210. Each variant changes only the generator's settings and runs the sa
   flow's final evaluation ran until session 22 (its training had fixed the threshold for the process);
   ``trained_heap``: the same inside ``infra.memory.inference_heap``, as that evaluation runs now. Both fix the
   threshold for the process, so they come after every other variant (``--isolate``: each in its own process).
+  ``trained_heap_thp`` / ``thp``: ``trained_heap`` / ``today`` in a process started with PyTorch's
+  ``THP_MEM_ALLOC_ENABLE=1`` (tensors of 2 MiB and more as transparent huge pages; ``--isolate`` only: the variable
+  is read once per process).
   ``trained_heap_no_growth_trim``: ``trained_heap`` without ``infra.memory.trim_on_growth`` (the start and final
   evaluations of an RL flow until session 23); ``no_growth_trim``: ``today`` without it. Their peak RSS against
   ``trained_heap`` / ``today`` is issue 26 item 4's before/after for an evaluation.
@@ -52,9 +55,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("today", "batch64", "chunk64", "batch64_chunk64", "chunk64_cache16k", "fp32", "vllm", "sdpa_steps",
-            "fp32_sdpa_steps", "no_growth_trim", "trained", "trained_heap", "trained_heap_no_growth_trim", "session14")
+            "fp32_sdpa_steps", "no_growth_trim", "trained", "trained_heap", "trained_heap_no_growth_trim", "session14",
+            "thp", "trained_heap_thp")
 #: variants that fix glibc's mmap threshold for the rest of the process (they come last)
-FIXING = ("trained", "trained_heap", "trained_heap_no_growth_trim", "session14")
+FIXING = ("trained", "trained_heap", "trained_heap_no_growth_trim", "session14", "trained_heap_thp")
+#: variants whose process starts with ``THP_MEM_ALLOC_ENABLE=1`` (``--isolate`` only)
+THP = ("thp", "trained_heap_thp")
 #: variants without ``infra.memory.trim_on_growth`` (the engine until session 23)
 NO_GROWTH_TRIM = ("no_growth_trim", "trained_heap_no_growth_trim")
 #: variants that roll the questions out 64 at a time through all their turns (``RolloutConfig.chunk``)
@@ -77,7 +83,8 @@ def variant_generator(base: Any, name: str) -> Any | None:
         return base
     if name in ("fp32", "fp32_sdpa_steps"):
         return base.model_copy(update={"dtype": "float32"})
-    if name in ("sdpa_steps", "session14", "trained", "trained_heap", "no_growth_trim", "trained_heap_no_growth_trim"):
+    if name in ("sdpa_steps", "session14", "trained", "trained_heap", "no_growth_trim", "trained_heap_no_growth_trim",
+                *THP):
         return base
     if name == "vllm":
         if not (REPO / ".venv-vllm" / "bin" / "python").exists():
@@ -198,6 +205,8 @@ def run_isolated(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if name == "session14":
         env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    if name in THP:
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         subprocess.run([*cmd, "--child-out", str(out)], check=True, env=env)
@@ -254,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         pass
     elif not names or names[0] != "today":
         raise SystemExit("--variants must start with today (the baseline of the ratios)")
+    if args.child_out is None and not args.isolate and set(names) & set(THP):
+        raise SystemExit(f"--variants: {', '.join(n for n in names if n in THP)} start their process with "
+                         "THP_MEM_ALLOC_ENABLE=1: add --isolate")
     fixing = [i for i, n in enumerate(names) if n in FIXING]
     if args.child_out is None and not args.isolate and fixing and fixing != list(range(len(names) - len(fixing),
                                                                                       len(names))):
