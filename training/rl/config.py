@@ -153,6 +153,12 @@ class EvalSpec(StrictModel):
         "policy (its files' bytes) on the same questions with the same evaluation settings, reward, code, library "
         "versions, machine and threads (training.rl.heldout.start_cache_dir; about 10 minutes for 600 questions on "
         "a 2-core CPU); false: always compute it.")
+    isolate_start: bool = Field(
+        default=False, description="With compare_start: run the start evaluation in a fresh (spawned) process, so "
+        "its heap is gone before training. In one process, the final evaluation after a start evaluation and GRPO "
+        "ran 1.4-1.8x slower than the start one (glibc malloc searching a fragmented heap, session 25); a flow that "
+        "trained without the start evaluation in its process evaluated at the same speed. Same rows either way. "
+        "Runtime only: not part of the run's key.")
     start_gate: Literal["warn", "stop"] = Field(
         default="warn", description="What a start policy under start_min_format_ok does: warn, or stop the run "
         "before any RL step.")
@@ -231,10 +237,11 @@ class RLConfig(StrictModel):
 
     def key(self) -> str:
         """Short hash of the preset + overrides (its experiment directory, ``infra.paths.experiment_root``); the
-        warm-up SFT's ``timeout_s`` and the report-only ``eval.split_by`` are left out, so a re-run may change them and
-        still reuse the directory."""
+        warm-up SFT's ``timeout_s``, the report-only ``eval.split_by`` and the process layout ``eval.isolate_start``
+        are left out, so a re-run may change them and still reuse the directory."""
         data = self.model_dump(mode="json")
-        data["eval"].pop("split_by", None)  # report only: a changed split reuses the run
+        for runtime_only in ("split_by", "isolate_start"):  # report / process layout only: the run is reused
+            data["eval"].pop(runtime_only, None)
         if data["init"].get("warmup"):
             data["init"]["warmup"]["sft"].pop("timeout_s", None)
         return config_hash(data)[:10]

@@ -228,29 +228,58 @@ def _copy_dir(src: str, dst: str, note: dict[str, Any] | None = None) -> None:
     tmp.rename(dst_p)
 
 
+def _evaluate_in_child(cfg_json: str, model: str, out_uri: str) -> None:
+    """Child-process entry of :func:`evaluate_isolated` (module level, so a spawned process can import it)."""
+    from training.rl.config import RLConfig
+
+    evaluate_heldout(RLConfig.model_validate_json(cfg_json), model, out_uri)
+
+
+def evaluate_isolated(cfg: Any, model: str, out_uri: str) -> str:
+    """:func:`evaluate_heldout` in a fresh spawned process (``eval.isolate_start``): the same rows, and this process's
+    heap never holds the evaluation's generation blocks. Raises when the child fails or leaves no manifest."""
+    import multiprocessing
+
+    from infra.errors import SearchloopError
+
+    path = artifacts.join(out_uri, "heldout.jsonl")
+    if artifacts.read_manifest(out_uri) is not None:
+        return path
+    child = multiprocessing.get_context("spawn").Process(
+        target=_evaluate_in_child, args=(cfg.model_dump_json(), model, out_uri), name="heldout-start")
+    child.start()
+    child.join()
+    if child.exitcode != 0 or artifacts.read_manifest(out_uri) is None:
+        raise SearchloopError(f"the held-out evaluation of {model} in a child process failed (exit code "
+                              f"{child.exitcode}; its log is above); eval.isolate_start=false runs it in this process")
+    return path
+
+
 def evaluate_start(cfg: Any, model: str, out_uri: str) -> str:
     """The start policy's held-out rows (:func:`evaluate_heldout`), reused from :func:`start_cache_dir` when an
     earlier run evaluated the same policy bytes on the same questions with the same settings, code and machine
     (``eval.reuse_start``; local paths only). Greedy rollouts are deterministic there, so the copy is what this run
-    would compute; a run that computes it leaves a copy for the next."""
+    would compute; a run that computes it leaves a copy for the next. With ``eval.isolate_start`` it is computed in
+    a fresh process (:func:`evaluate_isolated`)."""
     from infra.errors import ArtifactError
 
     path = artifacts.join(out_uri, "heldout.jsonl")
     if artifacts.read_manifest(out_uri) is not None:
         return path
+    evaluate = evaluate_isolated if cfg.eval.isolate_start else evaluate_heldout
     if not cfg.eval.reuse_start:
-        return evaluate_heldout(cfg, model, out_uri)
+        return evaluate(cfg, model, out_uri)
     try:
         cache = start_cache_dir(cfg, model)
         artifacts.local_path(out_uri)
     except ArtifactError:  # a remote run folder: computed, not cached
-        return evaluate_heldout(cfg, model, out_uri)
+        return evaluate(cfg, model, out_uri)
     if artifacts.read_manifest(cache) is not None:
         _copy_dir(cache, out_uri, note={"from": cache, "model": model})
         log.info("held-out start: reused %s (same policy bytes, questions, settings, code and machine; "
                  "eval.reuse_start=false recomputes it)", cache)
         return path
-    evaluate_heldout(cfg, model, out_uri)
+    evaluate(cfg, model, out_uri)
     _copy_dir(out_uri, cache)
     return path
 

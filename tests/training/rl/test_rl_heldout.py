@@ -299,3 +299,21 @@ def test_code_fingerprint_follows_the_sources_only(tmp_path) -> None:
     assert code_fingerprint(tmp_path, ("training",)) == before
     (tmp_path / "training" / "a.py").write_text("x = 2\n")
     assert code_fingerprint(tmp_path, ("training",)) != before
+
+
+def test_isolated_start_evaluation_gives_the_in_process_rows(tmp_path) -> None:
+    """``eval.isolate_start``: the start evaluation in a spawned process writes the rows this process would (greedy,
+    same code and threads); a child that fails is an error that names the switch."""
+    from infra import artifacts
+    from infra.errors import SearchloopError
+    from training.rl.heldout import evaluate_heldout, evaluate_start
+
+    over = ["eval.benchmarks=[hotpotqa_mini]", "eval.offset=48", "eval.corpus=data/corpus/mini.jsonl",
+            "eval.max_new_tokens=12", "eval.reuse_start=false"]
+    cfg = load_config(RLConfig, "searchr1_learn_cpu", [*over, "eval.isolate_start=true"])
+    assert cfg.key() == load_config(RLConfig, "searchr1_learn_cpu", over).key()  # runtime only: same run folder
+    iso = artifacts.read_jsonl(evaluate_start(cfg, "smollm2", str(tmp_path / "iso")))
+    here = artifacts.read_jsonl(evaluate_heldout(cfg, "smollm2", str(tmp_path / "here")))
+    assert len(iso) == 2 and iso == here
+    with pytest.raises(SearchloopError, match="isolate_start=false"):
+        evaluate_start(cfg, str(tmp_path / "no-such-model"), str(tmp_path / "bad"))
