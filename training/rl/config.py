@@ -171,8 +171,8 @@ class EvalSpec(StrictModel):
         "docs/results/learning/searchr1_grpo).")
     split_by: str | None = Field(
         default="metadata.relation", description="With compare_start: also split the held-out F1 change by this "
-        "field of the questions (a dotted path; by_group.md in the evidence); questions without it are left out of "
-        "the split, and none having it means no split. Report only: not part of the run's key.")
+        "field of the questions (a dotted path; by_group.md in the evidence); questions without it form the group "
+        "(none), and none having it means no split. Report only: not part of the run's key.")
     max_new_tokens: int = Field(default=256, ge=8, description="Response budget per trajectory.")
     top_k: int | None = Field(
         default=None, ge=1, description="Documents per search at evaluation (R1-Searcher evaluates with 5, trains with "
