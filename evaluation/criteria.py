@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,27 +165,43 @@ class GroupChange(BaseModel):
     summed: float = Field(description="Sum of final - start F1 over the group's questions.")
 
 
-def _get(row: dict[str, Any], path: str) -> Any:
-    value: Any = row
-    for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
+def question_groups(questions: Iterable[Any], field: str | None) -> dict[str, str]:
+    """Question id -> the value of ``field`` (a dotted path, e.g. ``metadata.relation``) for the questions (rows or
+    pydantic models) that have a plain value there; empty when ``field`` is None or no question has it."""
+    from evaluation.predictions import MISSING, get_field
+
+    if not field:
+        return {}
+    out: dict[str, str] = {}
+    for q in questions:
+        row = q.model_dump(mode="json") if hasattr(q, "model_dump") else q
+        value = get_field(row, field)
+        if isinstance(row, dict) and "id" in row and value is not MISSING and value is not None \
+                and not isinstance(value, (dict, list)):
+            out[str(row["id"])] = str(value)
+    return out
 
 
-def group_changes(folder: str | Path, groups: dict[str, str], min_group: int = 10, n_resamples: int = 10000,
+def group_changes(folder: str | Path, groups: Mapping[str, str], min_group: int = 10, n_resamples: int = 10000,
                   seed: int = 0, keep: Sequence[str] | None = None) -> list[GroupChange]:
-    """F1 final - start of one evidence folder split by ``groups`` (question id -> group name); groups with fewer
-    than ``min_group`` paired rows, or not in ``keep`` when it is given, are pooled as ``(other)``, questions without
-    a group as ``(none)``. Largest groups first; empty when the folder lacks either evaluation."""
+    """:func:`row_group_changes` of one evidence folder's ``heldout_start.jsonl`` / ``heldout_final.jsonl``; empty
+    when the folder lacks either evaluation."""
     d = Path(folder)
     start_p, final_p = d / "heldout_start.jsonl", d / "heldout_final.jsonl"
     if not (start_p.is_file() and final_p.is_file()):
         return []
-    final = {str(r["id"]): r for r in _rows(final_p)}
+    return row_group_changes(_rows(start_p), _rows(final_p), groups, min_group, n_resamples, seed, keep)
+
+
+def row_group_changes(start: Sequence[dict[str, Any]], final_rows: Sequence[dict[str, Any]],
+                      groups: Mapping[str, str], min_group: int = 10, n_resamples: int = 10000, seed: int = 0,
+                      keep: Sequence[str] | None = None) -> list[GroupChange]:
+    """F1 final - start of held-out rows split by ``groups`` (question id -> group name); groups with fewer than
+    ``min_group`` paired rows, or not in ``keep`` when it is given, are pooled as ``(other)``, questions without a
+    group as ``(none)``. Largest groups first."""
+    final = {str(r["id"]): r for r in final_rows}
     pairs: dict[str, list[tuple[float, float]]] = {}
-    for r in _rows(start_p):
+    for r in start:
         f = final.get(str(r["id"]))
         if f is not None:
             pairs.setdefault(groups.get(str(r["id"]), "(none)"), []).append((float(r["f1"]), float(f["f1"])))
@@ -278,13 +294,16 @@ def _print_groups(ap: argparse.ArgumentParser, args: argparse.Namespace, folders
         rows = _rows(args.questions)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         ap.error(f"--questions {args.questions} is not a JSONL file ({exc})")
-    groups = {str(r["id"]): str(v) for r in rows if isinstance(r, dict) and "id" in r
-              and (v := _get(r, args.by)) is not None}
+    groups = question_groups(rows, args.by)
     if not groups:
         ap.error(f"no row of {args.questions} has the field {args.by!r}; pass a dotted path such as "
                  "metadata.relation")
+    keep = [g.strip() for g in args.groups.split(",") if g.strip()] if args.groups else None
+    unknown = sorted(set(keep or ()) - set(groups.values()))
+    if unknown:
+        ap.error(f"--groups {', '.join(unknown)}: no question of {args.questions} has that {args.by}; choose from "
+                 f"{', '.join(sorted(set(groups.values())))}")
     for folder in folders:
-        keep = [g.strip() for g in args.groups.split(",")] if args.groups else None
         changes = group_changes(folder, groups, args.min_group, args.resamples, keep=keep)
         if args.json:
             for c in changes:

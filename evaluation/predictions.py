@@ -20,6 +20,8 @@ from infra.config import StrictModel
 from infra.errors import DataError
 
 _MISSING = object()
+#: what :func:`get_field` returns for an absent path (public name for callers outside this module)
+MISSING = _MISSING
 
 
 class PredictionFields(StrictModel):

@@ -11,8 +11,8 @@ warm-up file's 36 "date of death" questions (``2wiki_hops_warmup.jsonl``; the 40
 - the rows of ``2wiki_hops_rl.jsonl``, unchanged and in order;
 - then the rows of ``2wiki_hops_warmup.jsonl`` whose ``metadata.relation`` is ``date of death``, in order.
 
-Deterministic, standard library only, reads only committed files; ``tests/test_hops_data.py`` rebuilds it. Run from
-the repository root::
+Deterministic, reads only committed files (written with ``infra.artifacts``: a temporary file, then a rename);
+``tests/test_hops_data.py`` rebuilds it. Run from the repository root::
 
     python data/hops/dates.py
 """

@@ -145,3 +145,7 @@ def test_by_splits_the_f1_change_by_a_question_field(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:  # a field no question has
         main([str(tmp_path / "rec"), "--by", "metadata.nope", "--questions", str(questions)])
     assert exc.value.code == 2 and "has the field 'metadata.nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # a --groups name no question has: the choices, not a silent pool
+        main([str(tmp_path / "rec"), "--by", "metadata.relation", "--questions", str(questions), "--groups", "wed"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--groups wed" in err and "born, die, rare" in err

@@ -258,21 +258,6 @@ def plot_paired(summary: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def question_groups(questions: Iterable[Any], field: str | None) -> dict[str, str]:
-    """Question id -> the value of ``field`` (a dotted path into the question, e.g. ``metadata.relation``) for the
-    questions that have it; empty when ``field`` is None or no question has it (the report then has no split)."""
-    if not field:
-        return {}
-    out: dict[str, str] = {}
-    for q in questions:
-        value: Any = q.model_dump(mode="json") if hasattr(q, "model_dump") else q
-        for part in field.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is not None and not isinstance(value, (dict, list)):
-            out[str(q.id if hasattr(q, "id") else q["id"])] = str(value)
-    return out
-
-
 def write_evidence(
     out_dir: str | Path, start_rows: Sequence[dict[str, Any]], final_rows: Sequence[dict[str, Any]],
     train_ids: Iterable[str], summary: dict[str, Any], curve: Sequence[dict[str, Any]] = (), x: str = "step",
@@ -312,9 +297,9 @@ def report_learning(
     numbers as metrics (``heldout_<field>_start|final|diff|low|high``). The health alarms (:func:`learning_alarms`
     with ``alarm_config``, default thresholds when None, ``alarm_window`` training steps, plus ``training_alarms``)
     go into the summary's ``alarms`` and the run's tags ``health.alarm.<name>.<where>``. With ``groups`` (question
-    id -> group, e.g. the relation a single-hop question asks for), ``by_group.md`` splits the F1 change by group
-    (:func:`evaluation.criteria.group_changes`), so a mean that hides a trade between question types is seen in the
-    evidence itself. Returns the summary.
+    id -> group, from :func:`evaluation.criteria.question_groups`), ``by_group.md`` splits the F1 change by group
+    (:func:`evaluation.criteria.row_group_changes`), so a mean that hides a trade between question types is seen in
+    the evidence itself. Returns the summary.
     """
     import shutil
 
@@ -326,9 +311,9 @@ def report_learning(
                                mlflow_run_id=mlflow_run_id, alarms=[a.model_dump() for a in alarms], **extra)
     files = write_evidence(out_dir, start_rows, final_rows, train_ids, summary, curve, x=x)
     if groups:
-        from evaluation.criteria import group_changes, group_table
+        from evaluation.criteria import group_table, row_group_changes
 
-        changes = group_changes(out_dir, groups, n_resamples=n_resamples)
+        changes = row_group_changes(start_rows, final_rows, groups, n_resamples=n_resamples)
         by_group = Path(out_dir) / "by_group.md"
         by_group.write_text(group_table(recipe, changes) + "\n")
         files.append(by_group)

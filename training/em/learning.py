@@ -115,9 +115,10 @@ def write_learning_report(cfg: Any, start: HeldoutRef, final: HeldoutRef, curve:
     ``<experiment>/learning``, copied to ``learning.evidence_dir`` (repo-relative allowed), logged to run ``run_id``."""
     from pathlib import Path
 
+    from evaluation.criteria import question_groups
     from infra import artifacts
     from infra.paths import repo_path
-    from training.agent.heldout import build_heldout, question_groups, report_learning
+    from training.agent.heldout import build_heldout, report_learning
 
     learn = cfg.learning
     if learn is None:

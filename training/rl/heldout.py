@@ -329,10 +329,11 @@ def write_learning_report(cfg: Any, start: str, final: str, ckpts: list[Any], da
     """The paired start-vs-final report of the recipe: evidence folder in ``out_uri`` (copied to
     ``eval.evidence_dir``), plots, MLflow artifacts under ``learning/`` of the active run, and the health alarms
     (the stages' ``alarms.json`` from training plus the held-out rows' and curve's, ``health:`` thresholds)."""
+    from evaluation.criteria import question_groups
     from infra.paths import home_relative, repo_path
     from infra.tracking import active_run_id
     from training.agent.alarms import Alarm
-    from training.agent.heldout import question_groups, report_learning, summary_table
+    from training.agent.heldout import report_learning, summary_table
 
     run_id = active_run_id()
     alarm_files = [Path(c.stage_dir) / "alarms.json" for c in ckpts]

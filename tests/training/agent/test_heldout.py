@@ -79,7 +79,7 @@ def test_greedy_rows_summary_and_evidence(tmp_path, bm25, smol_tokenizer) -> Non
 def test_report_splits_the_f1_change_by_a_question_field(tmp_path) -> None:
     """``groups`` (from :func:`question_groups` on a dotted field) -> ``by_group.md`` in the evidence folder and its
     copy: the born questions' gain and the died questions' loss are both visible though the mean is 0."""
-    from training.agent.heldout import question_groups
+    from evaluation.criteria import question_groups
 
     qs = [Question(id=f"q{i}", question=f"When did person {i} {'die' if i % 2 else 'live'}?", golden_answers=["1900"],
                    metadata={"relation": "date of death" if i % 2 else "date of birth"}) for i in range(24)]
