@@ -19,7 +19,10 @@ of the merged weights; only where the CPU has native bf16), ``beta0`` (no KL ter
 now they run inside ``infra.memory.inference_heap``) and ``thp`` (today's settings in a process started with
 PyTorch's ``THP_MEM_ALLOC_ENABLE=1``: CPU tensors of 2 MiB and more are 2 MiB-aligned and ``madvise``d as transparent
 huge pages, so the training's fixed mmap threshold faults their memory in 2 MiB pages instead of 4 KiB ones; needs
-``--isolate``, since the variable is read once per process).
+``--isolate``, since the variable is read once per process), ``mmap128k`` (the training's fixed mmap threshold at
+128 KiB, as sessions 12-25 trained: every activation above it is a fresh mmap whose pages fault in) and ``mmap4m``
+(at 4 MiB; today's is 32 MiB, glibc's dynamic maximum, with ``infra.memory.trim_on_growth`` after every step;
+use ``--isolate`` for clean peaks).
 Each variant's minor page faults and system CPU seconds per step (``getrusage``, warm-up step included) are printed
 next to its time: the price of the fixed mmap threshold (``infra.memory``).
 Each variant's peak RSS during its measured steps is sampled (every 0.1 s); ``--isolate`` runs every variant in a
@@ -48,7 +51,9 @@ BF16_LABEL = "bf16 (autocast train, bf16 copy rollout)"
 REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
 #: variants applied to ``today`` alone (not cumulative): the memory candidates
-EXTRA = ("ckpt", "micro2", "fixed_heap", "thp")
+EXTRA = ("ckpt", "micro2", "fixed_heap", "thp", "mmap128k", "mmap4m")
+#: variants that fix the training's glibc mmap threshold elsewhere (bytes; ``infra.memory.TRAINING_THRESHOLD``)
+VARIANT_THRESHOLD = {"mmap128k": 128 << 10, "mmap4m": 4 << 20}
 #: variants run in a process with these environment variables (``--isolate`` only)
 VARIANT_ENV = {"thp": {"THP_MEM_ALLOC_ENABLE": "1"}}
 
@@ -60,8 +65,8 @@ def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
         return base.model_copy(update={"gradient_checkpointing": True})
     if name == "micro2":
         return base.model_copy(update={"micro_batch_size": 2})
-    if name in ("fixed_heap", "thp"):  # today's settings; fixed_heap: run_variant switches INFERENCE_HEAP off,
-        return base  # thp: run_isolated starts the process with VARIANT_ENV
+    if name in ("fixed_heap", "thp", *VARIANT_THRESHOLD):  # today's settings; fixed_heap: run_variant switches
+        return base  # INFERENCE_HEAP off, thp: run_isolated starts the process with VARIANT_ENV, mmap*: run_variant
     upd: dict[str, Any] = {}
     for step in ORDER[1: ORDER.index(name) + 1]:
         if step == "lora":
@@ -150,7 +155,12 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
     from training.rl.trl_engine import build_trainer
 
     cfg = tcfg.model_copy(update={"max_steps": warmup + steps, "save_steps": 10_000, "logging_steps": 1})
-    trainer = build_trainer(cfg, model_path, rows, [reward], rollout, str(out / name))
+    today = infra.memory.TRAINING_THRESHOLD
+    infra.memory.TRAINING_THRESHOLD = VARIANT_THRESHOLD.get(name, today)
+    try:
+        trainer = build_trainer(cfg, model_path, rows, [reward], rollout, str(out / name))
+    finally:
+        infra.memory.TRAINING_THRESHOLD = today
     clock = StepClock(warmup)
     instrument(trainer, clock)
     peak = RSSPeak(clock)

@@ -117,7 +117,7 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     import infra.memory
 
     if name in FIXING:  # the CLI until session 15, and an RL flow after its training (irreversible)
-        infra.memory.fix_mmap_threshold()
+        infra.memory.fix_mmap_threshold(infra.memory.DEFAULT_THRESHOLD)
     decode.EAGER_DECODE_STEPS = name not in SDPA_STEPS
     infra.memory.INFERENCE_HEAP = name.startswith("trained_heap")  # a no-op where the threshold is not fixed
     growth_trim = infra.memory.GROWTH_TRIM_BYTES

@@ -9,7 +9,12 @@ adjustment (``mallopt(3)``), so large tensors go back to the OS when freed. No-o
 The price is speed: every tensor above the threshold is a fresh ``mmap`` whose pages fault in on first touch. With
 the threshold fixed at 128 KiB for the whole CLI process (sessions 12-14), the held-out evaluation of the demo
 preset took 68.6 s instead of 36.3 s (15.1 M minor page faults, 41 s of system time, against 0.5 M and 3 s), and
-large bf16 matmuls ran 1.1-1.45x slower. So only the TRL training loop fixes it (``training.rl.trl_engine``, where
+large bf16 matmuls ran 1.1-1.45x slower. In a GRPO step of ``research_hops_learn_cpu`` the 128 KiB threshold cost
+12.3 M minor faults and 28.8 s of system CPU in a 66 s step; fixed at 32 MiB (:data:`TRAINING_THRESHOLD`), with the
+heap trimmed after each optimizer step when it grew by more than :data:`GROWTH_TRIM_BYTES`, the step took 52 s
+(1.26x the trajectories per minute; 2.9 M faults, 9.6 s system CPU) with a peak 1 GB higher (5.19 against 4.15 GB;
+``docs/results/engines/session26/``). Fixing it at all still matters: it stops glibc from re-tuning the threshold
+and the trim threshold as blocks are freed. Only the TRL training loop fixes it (``training.rl.trl_engine``, where
 the growth was measured); everything else keeps glibc's dynamic threshold and calls :func:`trim_heap` after a
 large phase. Once fixed, the threshold stays fixed for the process, so the generation phases that follow training
 in the same process (each GRPO step's rollouts, the final held-out evaluation) paid the page faults too: they run
@@ -29,8 +34,12 @@ from collections.abc import Iterator
 log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers from glibc's malloc.h
-DEFAULT_THRESHOLD = 128 * 1024  # glibc's own starting value, now fixed
+DEFAULT_THRESHOLD = 128 * 1024  # glibc's own starting value
 INFERENCE_THRESHOLD = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: where the dynamic one stops
+#: the threshold :func:`fix_mmap_threshold` fixes for a training loop when not given one; with
+#: :func:`trim_on_growth` after every optimizer step (``training.rl.trl_engine``) that bounds the heap. The switch for
+#: ``benchmarks/grpo_step.py``'s variants ``mmap128k`` / ``mmap4m`` (sessions 12-25 trained at 128 KiB)
+TRAINING_THRESHOLD = INFERENCE_THRESHOLD
 _applied: int | None = None
 #: switch for benchmarks (``benchmarks/grpo_step.py`` variant ``fixed_heap``, ``benchmarks/heldout_eval.py`` variant
 #: ``trained``): False runs generation phases on the training threshold, as before :func:`inference_heap`
@@ -50,9 +59,11 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def fix_mmap_threshold(threshold: int = DEFAULT_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold at ``threshold`` bytes for this process; True when applied (Linux glibc only)."""
+def fix_mmap_threshold(threshold: int | None = None) -> bool:
+    """Fix glibc's mmap threshold at ``threshold`` bytes (default :data:`TRAINING_THRESHOLD`) for this process; True
+    when applied (Linux glibc only)."""
     global _applied
+    threshold = TRAINING_THRESHOLD if threshold is None else threshold
     if _applied == threshold:
         return True
     libc = _libc()
@@ -81,9 +92,9 @@ def inference_heap(threshold: int = INFERENCE_THRESHOLD, force: bool = False) ->
     off glibc) is left as it is, unless ``force``: then the phase runs at ``threshold`` from its first block (glibc's
     dynamic threshold only climbs there block by block: a 60-question evaluation ran 1.21x faster,
     docs/results/engines/cpu_session22.md) and the process leaves it with the training threshold fixed
-    (``DEFAULT_THRESHOLD``), for callers that train next or end (an RL flow's start evaluation)."""
+    (:data:`TRAINING_THRESHOLD`), for callers that train next or end (an RL flow's start evaluation)."""
     global _applied
-    previous = _applied if _applied is not None else (DEFAULT_THRESHOLD if force else None)
+    previous = _applied if _applied is not None else (TRAINING_THRESHOLD if force else None)
     libc = _libc() if previous is not None and INFERENCE_HEAP else None
     changed = False
     if libc is not None:

@@ -28,7 +28,7 @@ def test_fixed_mmap_threshold_returns_freed_blocks_to_the_os() -> None:
         import sys
         from infra.memory import fix_mmap_threshold, trim_heap
         if sys.argv[1] == "fixed":
-            assert fix_mmap_threshold()
+            assert fix_mmap_threshold(128 << 10)  # glibc's starting value, fixed (training's until session 26)
         def rss():
             return int(open("/proc/self/statm").read().split()[1]) * 4096
         big = libc.malloc(16 << 20); libc.free(big)          # raises the dynamic threshold to 16 MiB
@@ -69,7 +69,7 @@ def test_inference_heap_reuses_blocks_then_restores_the_training_threshold() -> 
             return int(open("/proc/self/statm").read().split()[1]) * 4096
         with m.inference_heap() as changed:
             assert not changed  # dynamic threshold: nothing to change
-        assert m.fix_mmap_threshold() and m.fixed_threshold() == m.DEFAULT_THRESHOLD
+        assert m.fix_mmap_threshold(m.DEFAULT_THRESHOLD) and m.fixed_threshold() == m.DEFAULT_THRESHOLD
         fixed = faults_of_rounds()
         with m.inference_heap() as changed:
             assert changed
@@ -87,7 +87,12 @@ def test_inference_heap_reuses_blocks_then_restores_the_training_threshold() -> 
         import infra.memory as m
         with m.inference_heap(force=True) as changed:
             assert changed and m.fixed_threshold() is None  # raised for the phase only
-        assert m.fixed_threshold() == m.DEFAULT_THRESHOLD  # left as training wants it
+        assert m.fixed_threshold() == m.TRAINING_THRESHOLD == 32 << 20  # left as training wants it
+        m.TRAINING_THRESHOLD = 4 << 20  # a training loop's threshold, when set elsewhere (benchmarks/grpo_step.py)
+        assert m.fix_mmap_threshold() and m.fixed_threshold() == 4 << 20
+        with m.inference_heap() as changed:
+            assert changed
+        assert m.fixed_threshold() == 4 << 20  # restored to the training's own threshold
         m.INFERENCE_HEAP = False
         with m.inference_heap(force=True) as changed:
             assert not changed  # the benchmarks' switch

@@ -391,7 +391,7 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
 
     from infra.memory import fix_mmap_threshold
 
-    fix_mmap_threshold()  # a training loop otherwise grows glibc's heap without bound (infra/memory.py)
+    fix_mmap_threshold()  # 32 MiB, fixed; the heap is trimmed after each step (heap_callback, infra/memory.py)
 
     if len(rows) < cfg.prompts_per_step:
         raise ValueError(f"{len(rows)} training prompts is fewer than prompts_per_step={cfg.prompts_per_step}")
@@ -404,8 +404,23 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
     cls = trainer_class()
     return cls(model=model, reward_funcs=list(reward_funcs), args=grpo_args(cfg, output_dir),
                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config(cfg),
-               callbacks=[*(callbacks or []), progress_callback()], rollout_fn=rollout_fn,
+               callbacks=[*(callbacks or []), progress_callback(), heap_callback()], rollout_fn=rollout_fn,
                resample_flat_groups=cfg.resample_flat_groups)
+
+
+def heap_callback() -> Any:
+    """A transformers TrainerCallback that gives the heap's free pages back after an optimizer step when it grew
+    (``infra.memory.trim_on_growth``): what bounds the heap of a loop whose mmap threshold is fixed at 32 MiB
+    (``infra.memory.TRAINING_THRESHOLD``)."""
+    from transformers import TrainerCallback
+
+    from infra.memory import trim_on_growth
+
+    class HeapCallback(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            trim_on_growth()
+
+    return HeapCallback()
 
 
 def progress_callback(name: str = "training") -> Any:
