@@ -149,3 +149,18 @@ def test_trim_on_growth_returns_free_heap_pages_once_growth_passes_its_step() ->
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_grpo_training_runs_at_32_mib_and_trims_after_each_step(monkeypatch) -> None:
+    # The GRPO loop fixes the threshold at 32 MiB (session 26: 1.26x a step against 128 KiB) and bounds the heap by
+    # trimming after every optimizer step (training.rl.trl_engine.heap_callback).
+    import infra.memory as m
+    from training.rl import trl_engine
+
+    assert m.TRAINING_THRESHOLD == m.INFERENCE_THRESHOLD == 32 << 20
+    calls: list = []
+    monkeypatch.setattr(m, "trim_on_growth", lambda step=None: calls.append(step) or False)
+    callback = trl_engine.heap_callback()
+    for _ in range(3):
+        callback.on_step_end(None, None, None)
+    assert calls == [None, None, None]
