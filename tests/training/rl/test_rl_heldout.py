@@ -263,7 +263,8 @@ def test_start_evaluation_is_reused_only_when_nothing_it_depends_on_changed(tmp_
     policy = tmp_path / "policy"
     policy.mkdir()
     (policy / "adapter.safetensors").write_bytes(b"weights 1")
-    cfg = load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=3"])
+    iso = "eval.isolate_start=false"  # the preset spawns its start evaluation; the fake lives in this process
+    cfg = load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=3", iso])
 
     def start(run: str, config: RLConfig = cfg) -> list[dict]:
         return artifacts.read_jsonl(rl_heldout.evaluate_start(config, str(policy), str(tmp_path / run / "start")))
@@ -274,9 +275,9 @@ def test_start_evaluation_is_reused_only_when_nothing_it_depends_on_changed(tmp_
     assert artifacts.read_manifest(str(tmp_path / "b" / "start"))["count"] == 1
     assert start("b") == first and len(computed) == 1  # a run folder with a manifest is its own answer, as before
 
-    start("c", load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=3", "eval.max_new_tokens=64"]))
+    start("c", load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=3", "eval.max_new_tokens=64", iso]))
     assert len(computed) == 2  # another evaluation setting
-    start("d", load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=4"]))
+    start("d", load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=4", iso]))
     assert len(computed) == 3  # other questions
     (policy / "adapter.safetensors").write_bytes(b"weights 2")
     start("e")
@@ -284,7 +285,7 @@ def test_start_evaluation_is_reused_only_when_nothing_it_depends_on_changed(tmp_
     monkeypatch.setattr(rl_heldout, "code_fingerprint", lambda: "changed code")
     start("f")
     assert len(computed) == 5  # other code
-    start("g", load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=3", "eval.reuse_start=false"]))
+    start("g", load_config(RLConfig, "research_hops_learn_cpu", ["eval.limit=3", "eval.reuse_start=false", iso]))
     assert len(computed) == 6 and not (tmp_path / "g" / "start" / "reused.json").exists()
 
 
