@@ -4,7 +4,8 @@ glibc raises its mmap threshold every time a large block is freed (up to 32 MiB)
 size are carved from the ``brk`` heap, which can only shrink from its top. A PyTorch training loop that allocates
 and frees activations of many sizes then grows its heap without bound: a SmolLM2-135M GRPO run measured 9.9 GB of
 ``[heap]`` after one step and was OOM-killed at 18.2 GB RSS. Setting the threshold explicitly disables the dynamic
-adjustment (``mallopt(3)``), so large tensors go back to the OS when freed. No-op off glibc.
+adjustment (``mallopt(3)``), so tensors above it go back to the OS when freed; the heap below it is bounded by
+trimming (:func:`trim_on_growth`). No-op off glibc.
 
 The price is speed: every tensor above the threshold is a fresh ``mmap`` whose pages fault in on first touch. With
 the threshold fixed at 128 KiB for the whole CLI process (sessions 12-14), the held-out evaluation of the demo
@@ -87,12 +88,12 @@ def inference_heap(threshold: int = INFERENCE_THRESHOLD, force: bool = False) ->
     """A generation phase inside a process whose threshold is fixed for training: blocks up to ``threshold`` bytes
     come from the heap and are reused (as with glibc's dynamic threshold at its maximum; the trim threshold twice
     that, as glibc sets it), then the heap is trimmed and the training threshold restored. The trim threshold stays
-    raised, as a dynamic phase before the fix (a start evaluation) leaves it: with 128 KiB blocks mmapped it holds
-    at most that much of small blocks. Yields True when it changed anything; a process on the dynamic threshold (or
-    off glibc) is left as it is, unless ``force``: then the phase runs at ``threshold`` from its first block (glibc's
-    dynamic threshold only climbs there block by block: a 60-question evaluation ran 1.21x faster,
-    docs/results/engines/cpu_session22.md) and the process leaves it with the training threshold fixed
-    (:data:`TRAINING_THRESHOLD`), for callers that train next or end (an RL flow's start evaluation)."""
+    raised, as a dynamic phase before the fix (a start evaluation) leaves it; the trims after each phase and each
+    training step (:func:`trim_on_growth`) give back what it would hold. Yields True when it changed anything; a
+    process on the dynamic threshold (or off glibc) is left as it is, unless ``force``: then the phase runs at
+    ``threshold`` from its first block (glibc's dynamic threshold only climbs there block by block: a 60-question
+    evaluation ran 1.21x faster, docs/results/engines/cpu_session22.md) and the process leaves it with the training
+    threshold fixed (:data:`TRAINING_THRESHOLD`), for callers that train next or end (an RL flow's start evaluation)."""
     global _applied
     previous = _applied if _applied is not None else (TRAINING_THRESHOLD if force else None)
     libc = _libc() if previous is not None and INFERENCE_HEAP else None
