@@ -25,8 +25,9 @@ huge pages, so the training's fixed mmap threshold faults their memory in 2 MiB 
 use ``--isolate`` for clean peaks).
 Each variant's minor page faults and system CPU seconds per step (``getrusage``, warm-up step included) are printed
 next to its time: the price of the fixed mmap threshold (``infra.memory``).
-Each variant's peak RSS during its measured steps is sampled (every 0.1 s); ``--isolate`` runs every variant in a
-fresh process, so the peaks do not inherit an earlier variant's heap.
+Each variant's peak RSS during its measured steps is sampled (every 0.1 s), overall and by the phase it was sampled
+in (rollout, scoring, loss forward/backward, optimizer, between steps); ``--isolate`` runs every variant in a fresh
+process, so the peaks do not inherit an earlier variant's heap.
 Prints trajectories trained per minute per variant and its ratio to ``today``, the bf16 vs fp32 log-prob gap on one
 batch, dtype, CPU flags, threads and load. The model is the preset's base model (the warm-up SFT is skipped: the
 step's cost does not depend on it, though trajectory lengths do; the tokens per trajectory are printed), or
@@ -90,6 +91,11 @@ class StepClock:
         self.parts: dict[str, float] = defaultdict(float)
         self.steps: list[float] = []
         self.tokens: list[int] = []
+        self.phases: list[str] = ["between steps"]  # what the step is doing now (innermost last), for RSSPeak
+
+    @property
+    def phase(self) -> str:
+        return self.phases[-1]
 
     @property
     def measuring(self) -> bool:
@@ -105,12 +111,14 @@ def instrument(trainer: Any, clock: StepClock) -> None:
     import torch
     from transformers import TrainerCallback
 
-    def timed(name: str, fn: Any, part: Any) -> None:
+    def timed(name: str, fn: Any, part: Any, phase: str) -> None:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
+            clock.phases.append(phase)
             try:
                 return fn(*args, **kwargs)
             finally:
+                clock.phases.pop()
                 clock.add(part() if callable(part) else part, time.perf_counter() - t0)
         setattr(trainer, name, wrapper)
 
@@ -118,7 +126,11 @@ def instrument(trainer: Any, clock: StepClock) -> None:
 
     def rollout(rows: Any, model: Any, tok: Any, seed: Any = None) -> Any:
         t0 = time.perf_counter()
-        samples = inner_rollout(rows, model, tok, seed=seed)
+        clock.phases.append("rollout")
+        try:
+            samples = inner_rollout(rows, model, tok, seed=seed)
+        finally:
+            clock.phases.pop()
         clock.add("rollout", time.perf_counter() - t0)
         if clock.measuring:
             clock.tokens += [len(s.completion_ids) for s in samples]
@@ -126,9 +138,10 @@ def instrument(trainer: Any, clock: StepClock) -> None:
 
     trainer.rollout_fn = rollout
     timed("_get_per_token_logps_and_entropies", trainer._get_per_token_logps_and_entropies,
-          lambda: "_policy_logps" if torch.is_grad_enabled() else "reference forward")
-    timed("_generate_and_score_completions", trainer._generate_and_score_completions, "_generate_and_score")
-    timed("training_step", trainer.training_step, "_training_step")
+          lambda: "_policy_logps" if torch.is_grad_enabled() else "reference forward", "loss forward/backward")
+    timed("_generate_and_score_completions", trainer._generate_and_score_completions, "_generate_and_score",
+          "scoring")
+    timed("training_step", trainer.training_step, "_training_step", "loss forward/backward")
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -136,8 +149,10 @@ def instrument(trainer: Any, clock: StepClock) -> None:
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.o0 = time.perf_counter()
+            clock.phases.append("optimizer")
 
         def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            clock.phases.pop()
             clock.add("optimizer", time.perf_counter() - self.o0)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -190,18 +205,21 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
     return {"name": name, "step_s": step, "parts": parts, "traj_per_min": 60 * trajs / step,
             "tokens_per_traj": sum(clock.tokens) / max(1, len(clock.tokens)), "trainable": trainable,
             "ref_model": trainer.ref_model is not None, "cfg": cfg, "peak_rss_gb": peak.peak / 1e9,
+            "peak_rss_gb_by_phase": {k: v / 1e9 for k, v in peak.by_phase.items()},
             "minflt_per_step": (after.ru_minflt - before.ru_minflt) / all_steps,
             "sys_s_per_step": (after.ru_stime - before.ru_stime) / all_steps}
 
 
 class RSSPeak:
     """The largest resident set of this process while ``clock`` is measuring, sampled every 0.1 s (Linux
-    ``/proc/self/statm``; 0 elsewhere)."""
+    ``/proc/self/statm``; 0 elsewhere), overall and by the phase of the step it was sampled in (``by_phase``:
+    rollout, scoring, loss forward/backward, optimizer, between steps)."""
 
     def __init__(self, clock: StepClock) -> None:
         import threading
 
         self.clock, self.peak, self._stop = clock, 0, threading.Event()
+        self.by_phase: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -216,6 +234,8 @@ class RSSPeak:
             except OSError:
                 return
             self.peak = max(self.peak, rss)
+            phase = self.clock.phase
+            self.by_phase[phase] = max(self.by_phase.get(phase, 0), rss)
 
     def start(self) -> None:
         self._thread.start()
@@ -282,6 +302,12 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
             f"{p['other']:.1f} | {r['step_s']:.1f} | {r['tokens_per_traj']:.0f} | {r['traj_per_min']:.1f} | "
             f"{r['traj_per_min'] / base['traj_per_min']:.2f} | {r.get('peak_rss_gb', float('nan')):.2f} | "
             f"{r.get('minflt_per_step', float('nan')):,.0f} | {r.get('sys_s_per_step', float('nan')):.1f} |")
+    phases = ("rollout", "scoring", "loss forward/backward", "optimizer", "between steps")
+    lines += ["", "Peak RSS (GB) by the phase of the measured steps it was sampled in (every 0.1 s):", "",
+              "| variant | " + " | ".join(phases) + " |", "|---|" + "---|" * len(phases)]
+    for r in results:
+        by = r.get("peak_rss_gb_by_phase") or {}
+        lines.append(f"| {r['name']} | " + " | ".join(f"{by[k]:.2f}" if k in by else "-" for k in phases) + " |")
     best = results[-1]
     scope = "today with it alone" if best["name"] in EXTRA else "all switches up to it"
     lines += ["", f"**Ratio (b)/(a): {best['traj_per_min'] / base['traj_per_min']:.2f}x** trajectories trained per "
