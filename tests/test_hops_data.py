@@ -98,7 +98,7 @@ def test_dates_file_balances_the_rl_questions_between_two_dates(tmp_path: Path) 
 
 def test_nodates_file_is_the_rl_file_without_its_date_questions(tmp_path: Path) -> None:
     """``2wiki_hops_rl_nodates.jsonl`` (ReSearch attempt 9) is the RL file's rows whose relation is not a date,
-    verbatim and in order; ``data/hops/nodates.py`` rebuilds it byte for byte; it shares no question with the
+    verbatim and in order; ``data/hops/dates.py`` rebuilds it byte for byte; it shares no question with the
     held-out sets."""
     rl, nodates = _rows("2wiki_hops_rl.jsonl"), _rows("2wiki_hops_rl_nodates.jsonl")
     dates = {"date of birth", "date of death", "publication date", "inception"}
@@ -106,7 +106,7 @@ def test_nodates_file_is_the_rl_file_without_its_date_questions(tmp_path: Path) 
     held = {r["question"].lower() for r in _rows("2wiki_hops_heldout600.jsonl")}
     assert not held & {r["question"].lower() for r in nodates}
     assert not any(r["question"].lower().startswith("when ") for r in nodates)
-    spec = importlib.util.spec_from_file_location("hops_nodates", HOPS / "nodates.py")
+    spec = importlib.util.spec_from_file_location("hops_dates", HOPS / "dates.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main(["--out", str(tmp_path)]) == 0
