@@ -111,10 +111,10 @@ def instrument(trainer: Any, clock: StepClock) -> None:
     import torch
     from transformers import TrainerCallback
 
-    def timed(name: str, fn: Any, part: Any, phase: str) -> None:
+    def timed(name: str, fn: Any, part: Any, phase: Any) -> None:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
-            clock.phases.append(phase)
+            clock.phases.append(phase() if callable(phase) else phase)
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -138,7 +138,8 @@ def instrument(trainer: Any, clock: StepClock) -> None:
 
     trainer.rollout_fn = rollout
     timed("_get_per_token_logps_and_entropies", trainer._get_per_token_logps_and_entropies,
-          lambda: "_policy_logps" if torch.is_grad_enabled() else "reference forward", "loss forward/backward")
+          lambda: "_policy_logps" if torch.is_grad_enabled() else "reference forward",
+          lambda: "loss forward/backward" if torch.is_grad_enabled() else clock.phase)  # a KL reference pass: scoring
     timed("_generate_and_score_completions", trainer._generate_and_score_completions, "_generate_and_score",
           "scoring")
     timed("training_step", trainer.training_step, "_training_step", "loss forward/backward")
