@@ -45,6 +45,7 @@ import argparse
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -214,24 +215,22 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
 class RSSPeak:
     """The largest resident set of this process while ``clock`` is measuring, sampled every 0.1 s (Linux
     ``/proc/self/statm``; 0 elsewhere), overall and by the phase of the step it was sampled in (``by_phase``:
-    rollout, scoring, loss forward/backward, optimizer, between steps)."""
+    rollout, scoring, loss forward/backward, optimizer, between steps). ``read_rss`` replaces the reader (tests)."""
 
-    def __init__(self, clock: StepClock) -> None:
+    def __init__(self, clock: StepClock, read_rss: Callable[[], int] | None = None) -> None:
         import threading
 
         self.clock, self.peak, self._stop = clock, 0, threading.Event()
         self.by_phase: dict[str, int] = {}
+        self.read_rss = read_rss or self_rss
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        import os
-
-        page = os.sysconf("SC_PAGE_SIZE")
         while not self._stop.wait(0.1):
             if not self.clock.measuring:
                 continue
             try:
-                rss = int(Path("/proc/self/statm").read_text().split()[1]) * page
+                rss = self.read_rss()
             except OSError:
                 return
             self.peak = max(self.peak, rss)
@@ -244,6 +243,13 @@ class RSSPeak:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def self_rss() -> int:
+    """This process's resident set in bytes (Linux ``/proc/self/statm``; raises OSError where it is absent)."""
+    import os
+
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def bf16_gap(model_path: str, rows: list[dict], tokenizer: Any) -> dict[str, float]:
