@@ -14,7 +14,10 @@ Variants (each a real ``TRLSearchConfig``): ``today`` (the preset as committed),
 rank 16, reference = adapter-disabled policy), ``bf16`` (forward/backward under autocast, rollouts with a bf16 copy
 of the merged weights; only where the CPU has native bf16), ``beta0`` (no KL term: no reference pass) and
 ``short`` (max_completion_length and max_tokens_per_turn x 2/3); and, on top of ``today`` alone, ``ckpt``
-(activation checkpointing) and ``micro2`` (micro-batches of 2), the memory candidates of issue 26 item 4, and
+(activation checkpointing), ``micro2`` (micro-batches of 2: with TRL 0.24 this also halves the step's gradient, since
+TRL's loss and the Trainer each divide by the accumulation steps) and ``budget1k``/``budget2k`` (the preset's
+micro-batches with ``loss_token_budget`` 1,024/2,048 tokens: the same gradient, the loss's activations bounded by
+tokens), the memory candidates of issue 26 item 4, and
 ``fixed_heap`` (the rollouts on the training's fixed glibc mmap threshold, as every step ran them until session 22;
 now they run inside ``infra.memory.inference_heap``) and ``thp`` (today's settings in a process started with
 PyTorch's ``THP_MEM_ALLOC_ENABLE=1``: CPU tensors of 2 MiB and more are 2 MiB-aligned and ``madvise``d as transparent
@@ -53,7 +56,7 @@ BF16_LABEL = "bf16 (autocast train, bf16 copy rollout)"
 REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
 #: variants applied to ``today`` alone (not cumulative): the memory candidates
-EXTRA = ("ckpt", "micro2", "fixed_heap", "thp", "mmap128k", "mmap4m")
+EXTRA = ("ckpt", "micro2", "budget1k", "budget2k", "fixed_heap", "thp", "mmap128k", "mmap4m")
 #: variants that fix the training's glibc mmap threshold elsewhere (bytes; ``infra.memory.TRAINING_THRESHOLD``)
 VARIANT_THRESHOLD = {"mmap128k": 128 << 10, "mmap4m": 4 << 20}
 #: variants run in a process with these environment variables (``--isolate`` only)
@@ -67,6 +70,8 @@ def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
         return base.model_copy(update={"gradient_checkpointing": True})
     if name == "micro2":
         return base.model_copy(update={"micro_batch_size": 2})
+    if name.startswith("budget"):  # budget1k, budget2k
+        return base.model_copy(update={"loss_token_budget": int(name.removeprefix("budget").removesuffix("k")) << 10})
     if name in ("fixed_heap", "thp", *VARIANT_THRESHOLD):  # today's settings; fixed_heap: run_variant switches
         return base  # INFERENCE_HEAP off, thp: run_isolated starts the process with VARIANT_ENV, mmap*: run_variant
     upd: dict[str, Any] = {}
@@ -289,6 +294,7 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
              f"Command: `{command}`", "",
              f"Preset step: {c.prompts_per_step} prompts x {c.num_generations} generations = "
              f"{c.prompts_per_step * c.num_generations} trajectories, micro_batch_size={c.micro_batch_size}, "
+             f"loss_token_budget={c.loss_token_budget}, "
              f"beta={c.beta}, max_completion_length={c.max_completion_length}, "
              f"max_tokens_per_turn={c.max_tokens_per_turn}. {warmup} warm-up step(s) then {steps} measured step(s) "
              "per variant (mean seconds per measured step).", "",

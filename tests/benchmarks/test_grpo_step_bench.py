@@ -47,3 +47,12 @@ def test_rss_peak_is_filed_under_the_phase_it_was_sampled_in() -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS samples read /proc/self/statm")
 def test_self_rss_reads_this_process() -> None:
     assert grpo_step.self_rss() > 10 << 20  # a Python process with pytest loaded is well over 10 MiB
+
+
+def test_budget_variants_set_the_loss_token_budget_on_todays_settings() -> None:
+    from training.rl.config import TRLSearchConfig
+
+    base = TRLSearchConfig(num_generations=8, prompts_per_step=2, micro_batch_size=4)
+    assert grpo_step.variant_config(base, "budget1k") == base.model_copy(update={"loss_token_budget": 1024})
+    assert grpo_step.variant_config(base, "budget2k").loss_token_budget == 2048
+    assert {"budget1k", "budget2k"} <= set(grpo_step.EXTRA)

@@ -62,6 +62,12 @@ class TRLSearchConfig(StrictModel):
         default=None, ge=1, description="Completions per forward/backward (gradient accumulation over the step's "
         "prompts_per_step x num_generations); None = the whole step at once. Bounds training memory: 16 ReSearch "
         "completions in one batch reached 16.5 GB RSS on CPU.")
+    loss_token_budget: int | None = Field(
+        default=None, ge=1, description="Tokens per forward/backward of the loss (rows x the part's padded prompt + "
+        "completion width): a micro-batch over it is cut into parts of similar length, each trimmed of its padding, "
+        "whose losses are weighted by their share of the micro-batch and back-propagated in turn, so the gradient is "
+        "the micro-batch's (up to float order) and the loss's activations are bounded by tokens, not rows. None: the "
+        "micro-batch in one forward/backward.")
 
     @model_validator(mode="after")
     def _micro_batch_divides_the_step(self) -> TRLSearchConfig:
@@ -238,12 +244,16 @@ class RLConfig(StrictModel):
     def key(self) -> str:
         """Short hash of the preset + overrides (its experiment directory, ``infra.paths.experiment_root``); the
         warm-up SFT's ``timeout_s``, the report-only ``eval.split_by`` and the process layout ``eval.isolate_start``
-        are left out, so a re-run may change them and still reuse the directory."""
+        are left out, so a re-run may change them and still reuse the directory; so is an unset
+        ``loss_token_budget``."""
         data = self.model_dump(mode="json")
         for runtime_only in ("split_by", "isolate_start"):  # report / process layout only: the run is reused
             data["eval"].pop(runtime_only, None)
         if data["init"].get("warmup"):
             data["init"]["warmup"]["sft"].pop("timeout_s", None)
+        for stage in data["stages"]:  # unset, it leaves the keys of the runs from before it existed unchanged
+            if (stage.get("trl") or {}).get("loss_token_budget", 0) is None:
+                del stage["trl"]["loss_token_budget"]
         return config_hash(data)[:10]
 
     def eval_normalization(self) -> str:

@@ -26,7 +26,13 @@ there and fp32 elsewhere (:func:`resolved_precision`). The rollouts generate wit
 matmuls per layer and token), and with bf16 a bfloat16 copy of the weights (autocast re-casts every fp32 weight at
 every token: rollouts ran 2x slower than fp32 on this CPU; a copy costs one cast per step). The loss still scores
 the sampled tokens with the training policy. :func:`policy_for_saving` merges LoRA adapters back so a stage's
-``model/`` is a plain HF folder. ``benchmarks/grpo_step.py`` measures what each switch saves per step.
+``model/`` is a plain HF folder. ``loss_token_budget`` bounds the loss's activations by tokens instead of rows: a
+micro-batch longer than the budget is cut into parts of similar length (:func:`loss_parts`, each trimmed of its
+padding), each part's loss is weighted by its share of the micro-batch (:func:`part_weight`) and back-propagated in
+turn, so the gradient is the micro-batch's (tested against the whole batch for TRL's loss normalisations). Unlike a
+smaller ``micro_batch_size`` it leaves the accumulation steps alone: TRL 0.24's loss and the Trainer both divide by
+them, so halving the micro-batch also halves the step's gradient. ``benchmarks/grpo_step.py`` measures what each
+switch saves per step.
 
 Dynamic sampling (DAPO; ``TRLSearchConfig.resample_flat_groups``): a group whose rollouts all earn the same reward
 has zero advantage and trains nothing, so before TRL scores a step the trainer rolls out its groups, and for each
@@ -168,8 +174,11 @@ def _make_trainer_class() -> type:
     class SearchGRPOTrainer(GRPOTrainer):
         """GRPOTrainer whose completions come from a multi-turn search rollout with a per-token loss mask."""
 
-        def __init__(self, *args: Any, rollout_fn: RolloutFn, resample_flat_groups: int = 0, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, rollout_fn: RolloutFn, resample_flat_groups: int = 0,
+                     loss_token_budget: int | None = None, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            self.loss_token_budget = loss_token_budget
+            self.current_gradient_accumulation_steps = 1  # the Trainer sets it per optimizer step; 1 outside train()
             self.rollout_fn = rollout_fn
             self.rollout_seeds = RolloutSeeds(self.args.seed)
             self._pending_rows: list[dict[str, Any]] | None = None
@@ -326,6 +335,22 @@ def _make_trainer_class() -> type:
             return logps, entropies
 
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+            budget = self.loss_token_budget
+            if not budget:
+                return self._masked_loss(model, inputs)
+            parts = loss_parts(inputs, budget)
+            mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+            done: Any = None
+            for i, (rows, part) in enumerate(parts):
+                loss = self._masked_loss(model, part) * part_weight(self.loss_type, rows, mask)
+                if i == len(parts) - 1:
+                    return loss if done is None else loss + done
+                if loss.requires_grad:  # the Trainer back-propagates the returned (last) part; earlier parts here
+                    self.accelerator.backward(loss / self.current_gradient_accumulation_steps)
+                done = loss.detach() if done is None else done + loss.detach()
+            raise RuntimeError("no rows in the loss batch")
+
+        def _masked_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
             self.last_loss_inputs = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in inputs.items()}
             tool_mask = inputs.get("tool_mask")
             if tool_mask is None:
@@ -338,6 +363,64 @@ def _make_trainer_class() -> type:
                 self._full_attention = None
 
     return SearchGRPOTrainer
+
+
+PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+
+
+def loss_parts(inputs: dict[str, Any], budget: int) -> list[tuple[Any, dict[str, Any]]]:
+    """Cut a loss batch (TRL's left-padded ``prompt_*`` and right-padded ``completion_*`` tensors, rows first) into
+    parts of at most ``budget`` tokens (rows x the part's prompt + completion width, at least one row a part): rows
+    sorted by their unpadded length, each part trimmed to its own longest prompt and completion. Returns (row
+    indices, part inputs) pairs; tensors of the completion's width (masks, old/reference log-probs) are cut like it,
+    per-row tensors are indexed, anything else is passed on."""
+    import torch
+
+    prompt_mask, completion_mask = inputs["prompt_mask"], inputs["completion_mask"]
+    n, width_p, width_c = prompt_mask.size(0), prompt_mask.size(1), completion_mask.size(1)
+    prompt_len = prompt_mask.sum(1)
+    cols = torch.arange(1, width_c + 1, device=completion_mask.device)
+    completion_len = (completion_mask.bool() * cols).amax(1)  # last 1 of the mask (tool tokens are 1 there)
+    order = torch.argsort(prompt_len + completion_len, descending=True, stable=True).tolist()
+    groups: list[list[int]] = []
+    for r in order:
+        if groups:
+            g = groups[-1] + [r]
+            width = int(prompt_len[g].max()) + int(completion_len[g].max())
+            if len(g) * width <= budget:
+                groups[-1] = g
+                continue
+        groups.append([r])
+    parts = []
+    for g in groups:
+        rows = torch.tensor(sorted(g), device=prompt_mask.device)
+        keep_p, keep_c = max(int(prompt_len[rows].max()), 1), max(int(completion_len[rows].max()), 1)
+        part: dict[str, Any] = {}
+        for key, value in inputs.items():
+            if not torch.is_tensor(value) or value.dim() == 0 or value.size(0) != n:
+                part[key] = value
+                continue
+            value = value[rows]
+            if key in PROMPT_KEYS:
+                value = value[:, width_p - keep_p:]
+            elif value.dim() >= 2 and value.size(1) == width_c:
+                value = value[:, :keep_c]
+            part[key] = value
+        parts.append((rows, part))
+    return parts
+
+
+def part_weight(loss_type: str, rows: Any, loss_mask: Any) -> float:
+    """The share of a micro-batch's loss that a part of it (``rows``) carries under TRL 0.24's normalisations:
+    ``grpo`` (mean over rows of per-row token means) and ``dr_grpo`` (token sum over rows x max_completion_length)
+    by rows; ``bnpo`` (token mean over the batch) by loss tokens; ``dapo`` (a step-wide normaliser) 1."""
+    if loss_type in ("grpo", "dr_grpo"):
+        return len(rows) / loss_mask.size(0)
+    if loss_type == "bnpo":
+        return float(loss_mask[rows].sum()) / max(float(loss_mask.sum()), 1.0)
+    if loss_type == "dapo":
+        return 1.0
+    raise ValueError(f"loss_token_budget does not know how TRL normalises loss_type={loss_type!r}")
 
 
 _TRAINER_CLS: type | None = None
@@ -405,7 +488,7 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
     return cls(model=model, reward_funcs=list(reward_funcs), args=grpo_args(cfg, output_dir),
                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config(cfg),
                callbacks=[*(callbacks or []), progress_callback(), heap_callback()], rollout_fn=rollout_fn,
-               resample_flat_groups=cfg.resample_flat_groups)
+               resample_flat_groups=cfg.resample_flat_groups, loss_token_budget=cfg.loss_token_budget)
 
 
 def heap_callback() -> Any:
