@@ -63,12 +63,11 @@ def test_part_weights_sum_to_one() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_trainer(tmp_path_factory):
-    """A SearchGRPOTrainer over a tiny random Llama with SmolLM2's tokenizer (its rollouts are never called)."""
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama (SmolLM2's architecture and tokenizer) saved as an HF folder."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from training.generation.models import load_tokenizer, resolve_model
-    from training.rl.trl_engine import build_trainer
 
     smol = resolve_model("smollm2")
     cfg = AutoConfig.from_pretrained(str(smol))
@@ -78,8 +77,14 @@ def tiny_trainer(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("tiny")
     AutoModelForCausalLM.from_config(cfg).save_pretrained(str(model_dir))
     load_tokenizer(smol).save_pretrained(str(model_dir))
+    return model_dir
 
+
+@pytest.fixture(scope="module")
+def tiny_trainer(tiny_model_dir, tmp_path_factory):
+    """A SearchGRPOTrainer over the tiny model (its rollouts are never called)."""
     from training.rl.config import TRLSearchConfig
+    from training.rl.trl_engine import build_trainer
 
     def never(*_args, **_kwargs):
         raise AssertionError("no rollout in this test")
@@ -89,7 +94,7 @@ def tiny_trainer(tmp_path_factory):
 
     trl = TRLSearchConfig(num_generations=5, prompts_per_step=1, max_steps=1, beta=0.0, max_completion_length=16,
                           micro_batch_size=5)
-    trainer = build_trainer(trl, str(model_dir), [{"prompt": "q"}], [reward], never,
+    trainer = build_trainer(trl, str(tiny_model_dir), [{"prompt": "q"}], [reward], never,
                             str(tmp_path_factory.mktemp("out")))
     trainer.model.train()
     return trainer
@@ -114,3 +119,19 @@ def test_budgeted_loss_gives_the_whole_batch_gradient(tiny_trainer, loss_type: s
     assert len(budgeted) == len(whole) and any(g.abs().sum() > 0 for g in whole)
     for a, b in zip(whole, budgeted, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
+def test_budget_check_script_finds_fp32_parts_equal_to_the_whole_batch(tiny_model_dir) -> None:
+    import re
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    import loss_budget_check
+
+    lines = loss_budget_check.main(["--model", str(tiny_model_dir), "--lora", "0", "--budget", "1024"])
+    fp32 = [line for line in lines if ", fp32:" in line or "Trainer's path" in line]
+    assert len(fp32) == 3
+    for line in fp32:
+        diffs = [float(x) for x in re.findall(r"\d\.\d+e[-+]\d+", line)]  # the relative differences (|g| is not)
+        assert diffs and max(diffs) < 1e-4, line
