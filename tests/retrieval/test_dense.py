@@ -127,3 +127,28 @@ def test_unknown_encoder_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="encoder.model='/nonexistent/model'"):
         SentenceTransformerEncoder(EncoderConfig(model="/nonexistent/model"))
+
+
+def test_query_batch_size_is_not_part_of_the_fingerprint() -> None:
+    from retrieval.encoders import QUERY_BATCH_SIZE, config_fingerprint
+
+    assert EncoderConfig().query_batch_size == QUERY_BATCH_SIZE
+    assert config_fingerprint(EncoderConfig(query_batch_size=3)) == config_fingerprint(EncoderConfig())
+
+
+@pytest.mark.slow
+def test_queries_encode_in_small_sorted_batches_with_the_same_vectors(monkeypatch) -> None:
+    """Queries go through the encoder ``query_batch_size`` at a time (passages ``batch_size``); in fp32 the vectors
+    equal one padded batch of all of them."""
+    from retrieval.encoders import SentenceTransformerEncoder
+
+    enc = SentenceTransformerEncoder(EncoderConfig(dtype="float32", query_batch_size=2, batch_size=64))
+    seen: list[int] = []
+    encode = enc._model.encode
+    monkeypatch.setattr(enc._model, "encode", lambda texts, **kw: seen.append(kw["batch_size"]) or encode(texts, **kw))
+    texts = ["who wrote it", "when was the director of the film Ed Wood born and where did he die", "food", "baby"]
+    small = enc.encode(texts, "query")
+    whole = SentenceTransformerEncoder(EncoderConfig(dtype="float32", query_batch_size=64)).encode(texts, "query")
+    enc.encode(texts, "passage")
+    assert seen == [2, 64]
+    assert np.allclose(small, whole, atol=1e-5)
