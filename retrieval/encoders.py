@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 Kind = Literal["query", "passage"]
 
 MINILM_ALIASES = {"minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
-#: queries per encoder forward pass (issue 26 item 7; measured in docs/results/engines/session29)
+#: queries per encoder forward pass on CPU (issue 26 item 7; measured in docs/results/engines/session29)
 QUERY_BATCH_SIZE = 16
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 
@@ -51,12 +51,13 @@ class EncoderConfig(StrictModel):
     )
     normalize: bool = Field(default=True, description="L2-normalize embeddings (inner product = cosine).")
     batch_size: int = Field(default=64, ge=1, description="Texts per forward pass.")
-    query_batch_size: int = Field(
-        default=QUERY_BATCH_SIZE, ge=1,
-        description="Queries per forward pass. sentence-transformers sorts a call's texts by length before it cuts "
-        "them into batches, so small batches of queries pad little: a random batch of 30 dev questions is 56% "
-        "real tokens, sorted groups of 16 are 74-82%; 16 encoded fastest on a 2-core CPU "
-        "(docs/results/engines/session29). Not part of the fingerprint.",
+    query_batch_size: int | None = Field(
+        default=None, ge=1,
+        description="Queries per forward pass; None = 16 on CPU (QUERY_BATCH_SIZE) and batch_size on other devices. "
+        "sentence-transformers sorts a call's texts by length before it cuts them into batches, so small batches of "
+        "queries pad little: a random batch of 30 dev questions is 56% real tokens, sorted groups of 16 are 74-82%; "
+        "16 encoded fastest on a 2-core CPU (docs/results/engines/session29; not measured on a GPU). Not part of "
+        "the fingerprint.",
     )
     max_length: int | None = Field(
         default=256, ge=8, description="Truncate inputs to this many tokens (None = the model's own limit)."
@@ -112,6 +113,14 @@ def config_fingerprint(cfg: EncoderConfig) -> str:
                         "p": p})
 
 
+def query_batch(cfg: EncoderConfig, device: str) -> int:
+    """Queries per forward pass: ``cfg.query_batch_size`` when set, else the CPU's measured size or, on other devices,
+    ``cfg.batch_size``."""
+    if cfg.query_batch_size is not None:
+        return cfg.query_batch_size
+    return QUERY_BATCH_SIZE if device == "cpu" else cfg.batch_size
+
+
 def _pick_dtype(dtype: str, device: str) -> Any:
     import torch
 
@@ -155,6 +164,7 @@ class SentenceTransformerEncoder:
             self._model.max_seq_length = cfg.max_length
         self.dim = int(self._model.get_sentence_embedding_dimension())
         self.fingerprint = config_fingerprint(cfg)
+        self.query_batch_size = query_batch(cfg, device)
 
     def encode(self, texts: list[str], kind: Kind) -> np.ndarray:
         """Embed ``texts`` as queries or passages; returns float32 [n, dim]."""
@@ -166,7 +176,7 @@ class SentenceTransformerEncoder:
         inputs = [prefix + t for t in texts] if prefix else list(texts)
         out = self._model.encode(
             inputs,
-            batch_size=self.cfg.query_batch_size if kind == "query" else self.cfg.batch_size,
+            batch_size=self.query_batch_size if kind == "query" else self.cfg.batch_size,
             normalize_embeddings=self.cfg.normalize,
             convert_to_numpy=True,
             show_progress_bar=False,

@@ -130,9 +130,11 @@ def test_unknown_encoder_is_a_config_error() -> None:
 
 
 def test_query_batch_size_is_not_part_of_the_fingerprint() -> None:
-    from retrieval.encoders import QUERY_BATCH_SIZE, config_fingerprint
+    from retrieval.encoders import QUERY_BATCH_SIZE, config_fingerprint, query_batch
 
-    assert EncoderConfig().query_batch_size == QUERY_BATCH_SIZE
+    assert query_batch(EncoderConfig(), "cpu") == QUERY_BATCH_SIZE  # measured on CPU only
+    assert query_batch(EncoderConfig(batch_size=128), "cuda") == 128
+    assert query_batch(EncoderConfig(query_batch_size=3), "cuda") == 3
     assert config_fingerprint(EncoderConfig(query_batch_size=3)) == config_fingerprint(EncoderConfig())
 
 
