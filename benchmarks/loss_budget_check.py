@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> list[str]:
     def reward(completions: list, **_k: Any) -> list[float]:
         return [0.0] * len(completions)
 
-    trainer = build_trainer(cfg, args.model, [{"prompt": "q"}], [reward], never, tempfile.mkdtemp())
+    out_dir = tempfile.TemporaryDirectory(prefix="loss_budget_check-")  # the trainer's output_dir; nothing is saved
+    trainer = build_trainer(cfg, args.model, [{"prompt": "q"}], [reward], never, out_dir.name)
     trainer.model.train()
     b = _batch(trainer.model.config.vocab_size)
     whole_width = b["prompt_ids"].size(1) + b["completion_ids"].size(1)
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     lines.append(f"bf16 whole batch twice: {rel(grads(None, True), grads(None, True))} (deterministic kernels)")
     for line in lines:
         print(line, flush=True)
+    out_dir.cleanup()
     return lines
 
 
