@@ -17,6 +17,9 @@ from the 210. Each variant changes only the generator's settings and runs the sa
 - ``vllm``: the offline vLLM engine in ``.venv-vllm`` (skipped without it);
 - ``sdpa_steps`` / ``fp32_sdpa_steps``: today's settings (bf16 / fp32) with sdpa attention at every decode step, as
   the engine ran before it switched decode steps to eager attention on CPU (``training.generation.decode``);
+- ``eager_steps`` / ``fp32_eager_steps``: today's settings (bf16 / fp32) with transformers' eager attention at
+  every decode step, as the engine ran from session 15 until session 30 switched decode steps to grouped attention
+  (``training.generation.attention``); ``fp32`` against ``fp32_eager_steps`` is the grouped steps' numerical check;
 - ``session14``: the evaluation as the CLI ran it until session 15: sdpa decode steps and glibc's mmap threshold
   fixed at 128 KiB (``infra.memory``). The threshold cannot be unset, so this variant must come last; and since
   glibc still serves large requests from heap memory the earlier variants freed, it understates the old cost (a
@@ -55,8 +58,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("today", "batch64", "chunk64", "batch64_chunk64", "chunk64_cache16k", "fp32", "vllm", "sdpa_steps",
-            "fp32_sdpa_steps", "no_growth_trim", "trained", "trained_heap", "trained_heap_no_growth_trim", "session14",
-            "thp", "trained_heap_thp")
+            "fp32_sdpa_steps", "eager_steps", "fp32_eager_steps", "no_growth_trim", "trained", "trained_heap",
+            "trained_heap_no_growth_trim", "session14", "thp", "trained_heap_thp")
 #: variants that fix glibc's mmap threshold for the rest of the process (they come last)
 FIXING = ("trained", "trained_heap", "trained_heap_no_growth_trim", "session14", "trained_heap_thp")
 #: variants whose process starts with ``THP_MEM_ALLOC_ENABLE=1`` (``--isolate`` only)
@@ -69,6 +72,8 @@ CHUNKED = ("chunk64", "batch64_chunk64", "chunk64_cache16k")
 CACHE_TOKENS = {"chunk64_cache16k": 16_384}
 #: variants that decode with sdpa attention at every step (the engine before session 15's eager decode steps)
 SDPA_STEPS = ("sdpa_steps", "fp32_sdpa_steps", "session14")
+#: variants whose decode steps run transformers' eager attention (the default from session 15 to 30)
+EAGER_STEPS = ("eager_steps", "fp32_eager_steps")
 
 
 def variant_generator(base: Any, name: str) -> Any | None:
@@ -81,10 +86,10 @@ def variant_generator(base: Any, name: str) -> Any | None:
         return base.model_copy(update={"batch_size": 64})
     if name in ("chunk64", "chunk64_cache16k"):
         return base
-    if name in ("fp32", "fp32_sdpa_steps"):
+    if name in ("fp32", "fp32_sdpa_steps", "fp32_eager_steps"):
         return base.model_copy(update={"dtype": "float32"})
-    if name in ("sdpa_steps", "session14", "trained", "trained_heap", "no_growth_trim", "trained_heap_no_growth_trim",
-                *THP):
+    if name in ("sdpa_steps", "eager_steps", "session14", "trained", "trained_heap", "no_growth_trim",
+                "trained_heap_no_growth_trim", *THP):
         return base
     if name == "vllm":
         if not (REPO / ".venv-vllm" / "bin" / "python").exists():
@@ -118,7 +123,7 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
 
     if name in FIXING:  # the CLI until session 15, and an RL flow after its training (irreversible)
         infra.memory.fix_mmap_threshold(infra.memory.DEFAULT_THRESHOLD)
-    decode.EAGER_DECODE_STEPS = name not in SDPA_STEPS
+    decode.DECODE_STEP_ATTENTION = "sdpa" if name in SDPA_STEPS else "eager" if name in EAGER_STEPS else "grouped"
     infra.memory.INFERENCE_HEAP = name.startswith("trained_heap")  # a no-op where the threshold is not fixed
     growth_trim = infra.memory.GROWTH_TRIM_BYTES
     if name in NO_GROWTH_TRIM:
@@ -130,7 +135,7 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
             trajs = run_rollouts(questions, ecfg.protocol, generator, searcher, ecfg.rollout)
             seconds = time.perf_counter() - t0
     finally:
-        decode.EAGER_DECODE_STEPS = True
+        decode.DECODE_STEP_ATTENTION = "grouped"
         infra.memory.INFERENCE_HEAP = True
         infra.memory.GROWTH_TRIM_BYTES = growth_trim
     close = getattr(generator, "close", None)

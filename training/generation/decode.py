@@ -146,27 +146,38 @@ def decode(
     return new
 
 
-#: switch for benchmarks (``benchmarks/heldout_eval.py`` variant ``sdpa_steps``): False keeps sdpa for decode steps
-EAGER_DECODE_STEPS = True
+#: attention of decode steps on CPU: ``grouped`` (``training.generation.attention``, the default), ``eager``
+#: (transformers' eager, the default from session 15 to 30) or ``sdpa`` (no switch: as before session 15). A switch for
+#: benchmarks (``benchmarks/heldout_eval.py`` variants ``eager_steps``, ``sdpa_steps``) and parity tests.
+DECODE_STEP_ATTENTION = "grouped"
 
 
 @contextlib.contextmanager
 def step_attention(model: Any) -> Iterator[None]:
-    """Decode steps on CPU run transformers' ``eager`` attention instead of ``sdpa``; prefill keeps ``sdpa``
-    (``decode`` enters this once, after its prefill, around its step loop).
+    """Decode steps on CPU run ``grouped_attention`` (the query heads that share a key/value head as one matrix
+    product, no copy of the cache) instead of ``sdpa``; prefill keeps ``sdpa`` (``decode`` enters this once, after
+    its prefill, around its step loop).
 
     Measured on a 2-core AVX512-BF16 CPU (SmolLM2-135M, bf16, 600-token prompts, KV cache;
-    ``benchmarks/decode_attention.py``, docs/results/engines/decode_attention.md): one decode step at batch 16 took
-    240 ms with sdpa and 144 ms with eager (padded rows: 294 vs 132; batch 64: 572 vs 273; batch 1: 45 vs 44),
-    while a 16 x 600-token prefill took 9.3 s with sdpa and 17.8 s with eager. Elsewhere (CUDA, or a model loaded
-    with another implementation) nothing changes.
+    ``benchmarks/decode_attention.py``, docs/results/engines/decode_attention.md): sdpa decode steps were the
+    slowest (batch 16: 240 ms against 144 ms for eager in session 15), and grouped steps take about half of eager's
+    at batch 16 and 64 (session 30: 91-119 against 167-220 ms at batch 16, 188-202 against 364-371 ms at batch 64,
+    equal at batch 1), while a 16 x 600-token prefill takes 9.3 s with sdpa and 17.8 s with eager. Elsewhere (CUDA,
+    or a model loaded with another implementation) nothing changes.
     """
     config = getattr(model, "config", None)
-    if (not EAGER_DECODE_STEPS or getattr(config, "_attn_implementation", None) != "sdpa"
+    if (DECODE_STEP_ATTENTION == "sdpa" or getattr(config, "_attn_implementation", None) != "sdpa"
             or getattr(getattr(model, "device", None), "type", "") != "cpu"):
         yield
         return
-    config._attn_implementation = "eager"
+    if DECODE_STEP_ATTENTION == "grouped":
+        from training.generation.attention import register
+
+        config._attn_implementation = register()
+    elif DECODE_STEP_ATTENTION == "eager":
+        config._attn_implementation = "eager"
+    else:
+        raise ValueError(f"DECODE_STEP_ATTENTION is {DECODE_STEP_ATTENTION!r}; use 'grouped', 'eager' or 'sdpa'")
     try:
         yield
     finally:

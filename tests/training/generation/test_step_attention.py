@@ -1,5 +1,5 @@
-"""Decode steps on CPU run eager attention, prefill sdpa (``training.generation.decode.step_attention``): the switch
-is scoped to the step and restored, and in fp32 the tokens are those of sdpa at every step."""
+"""Decode steps on CPU run grouped attention, prefill sdpa (``training.generation.decode.step_attention``): the switch
+is scoped to the step and restored, and in fp32 the tokens are those of sdpa and eager steps."""
 
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ def tiny_lm(smol_tokenizer):
 
 def test_switch_is_scoped_to_the_step(tiny_lm) -> None:
     assert tiny_lm.config._attn_implementation == "sdpa"
+    from training.generation.attention import GROUPED
+
     with dec.step_attention(tiny_lm):
-        assert tiny_lm.config._attn_implementation == "eager"
+        assert tiny_lm.config._attn_implementation == GROUPED
     assert tiny_lm.config._attn_implementation == "sdpa"
     tiny_lm.config._attn_implementation = "eager"  # a model loaded with another implementation is left alone
     try:
@@ -37,18 +39,26 @@ def test_switch_is_scoped_to_the_step(tiny_lm) -> None:
         tiny_lm.config._attn_implementation = "sdpa"
 
 
-def test_eager_steps_decode_the_same_tokens_as_sdpa_in_fp32(tiny_lm, smol_tokenizer, monkeypatch) -> None:
+def test_an_unknown_step_attention_is_refused_and_the_model_left_alone(tiny_lm, monkeypatch) -> None:
+    monkeypatch.setattr(dec, "DECODE_STEP_ATTENTION", "flash")
+    with pytest.raises(ValueError, match="'grouped', 'eager' or 'sdpa'"), dec.step_attention(tiny_lm):
+        pass
+    assert tiny_lm.config._attn_implementation == "sdpa"
+
+
+def test_grouped_and_eager_steps_decode_the_same_tokens_as_sdpa_in_fp32(tiny_lm, smol_tokenizer,
+                                                                        monkeypatch) -> None:
     import torch
 
     prompts = ["Question: who wrote Hamlet?", "Question: which river flows through the city of Vienna, Austria?"]
     smol_tokenizer.padding_side = "left"
     enc = smol_tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     runs = {}
-    for eager in (True, False):
-        monkeypatch.setattr(dec, "EAGER_DECODE_STEPS", eager)
+    for impl in ("grouped", "eager", "sdpa"):
+        monkeypatch.setattr(dec, "DECODE_STEP_ATTENTION", impl)
         torch.manual_seed(0)
-        runs[eager] = dec.decode(tiny_lm, enc["input_ids"], enc["attention_mask"], None, [24, 24], smol_tokenizer,
-                                 stops=["</answer>"])
-    assert runs[True] == runs[False]
-    assert all(len(row) == 24 for row in runs[True])
+        runs[impl] = dec.decode(tiny_lm, enc["input_ids"], enc["attention_mask"], None, [24, 24], smol_tokenizer,
+                                stops=["</answer>"])
+    assert runs["grouped"] == runs["sdpa"] == runs["eager"]
+    assert all(len(row) == 24 for row in runs["grouped"])
     assert tiny_lm.config._attn_implementation == "sdpa"
