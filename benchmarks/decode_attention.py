@@ -1,11 +1,13 @@
-"""Attention implementation per phase on CPU: sdpa vs eager for prefill and for KV-cached decode steps, one run.
+"""Attention implementation per phase on CPU: sdpa, eager and grouped for prefill and KV-cached decode steps, one run.
 
-Why ``training.generation.decode.step_attention`` runs decode steps with eager attention on CPU and prefill with
-sdpa. For each shape (batch, prompt length, left padding on half the rows or none) and each implementation, one
-prefill then ``--steps`` greedy decode steps with a ``DynamicCache``, timed after a warm-up; the same model weights
-in both implementations. Prints milliseconds per phase, the ratio sdpa / eager, and whether the greedy token streams
-of the two implementations agree (in bf16 near-ties may flip; ``--dtype float32`` is the numerical check), with
-the machine record (dtype, CPU flags, threads, load).
+Why ``training.generation.decode.step_attention`` runs decode steps with grouped attention
+(``training.generation.attention``: the query heads that share a key/value head as one matrix product, no copy of
+the cache) on CPU and prefill with sdpa. For each shape (batch, prompt length, left padding on half the rows or
+none) and each implementation, one prefill then ``--steps`` greedy decode steps with a ``DynamicCache``, timed after
+a warm-up; the same model weights in every implementation. Prints milliseconds per phase, the ratios sdpa / eager
+and eager / grouped (the speed-up of grouped steps over eager ones), and whether the greedy token streams agree with
+eager's (in bf16 near-ties may flip; ``--dtype float32`` is the numerical check), with the machine record (dtype,
+CPU flags, threads, load).
 
     PYTHONPATH=. python benchmarks/decode_attention.py --model <HF folder> --dtype bfloat16 \\
         --out docs/results/engines/decode_attention.md
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from infra.machine import describe
+    from training.generation.attention import register
     from training.generation.models import resolve_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -78,19 +81,25 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype),
                                                  attn_implementation="sdpa").eval()
     machine = describe(args.dtype, model=Path(path).name, steps=args.steps)
-    run_shape(model, "sdpa", 2, 64, True, 2)  # warm-up of both paths' kernels
-    run_shape(model, "eager", 2, 64, True, 2)
+    grouped = register()
+    impls = ("sdpa", "eager", grouped)
+    for impl in impls:  # warm-up of every path's kernels
+        run_shape(model, impl, 2, 64, True, 2)
     lines = [f"Attention per phase, machine: {json.dumps(machine)}", "",
              "| batch | prompt | left padding | prefill sdpa s | prefill eager s | sdpa / eager (prefill) | "
-             "step sdpa ms | step eager ms | sdpa / eager (step) | same greedy rows |", "|---" * 10 + "|"]
+             "step sdpa ms | step eager ms | step grouped ms | sdpa / eager (step) | eager / grouped (step) | "
+             "same greedy rows as eager: sdpa, grouped |", "|---" * 12 + "|"]
     for batch, prompt, pad in SHAPES:
-        r = {impl: run_shape(model, impl, batch, prompt, pad, args.steps) for impl in ("sdpa", "eager")}
-        same = sum(a == b for a, b in zip(r["sdpa"]["tokens"], r["eager"]["tokens"], strict=True))
+        r = {impl: run_shape(model, impl, batch, prompt, pad, args.steps) for impl in impls}
+        same = [sum(a == b for a, b in zip(r[impl]["tokens"], r["eager"]["tokens"], strict=True))
+                for impl in ("sdpa", grouped)]
         lines.append(f"| {batch} | {prompt} | {'half the rows' if pad else 'none'} | "
                      f"{r['sdpa']['prefill_s']:.2f} | {r['eager']['prefill_s']:.2f} | "
                      f"{r['sdpa']['prefill_s'] / r['eager']['prefill_s']:.2f} | {r['sdpa']['step_ms']:.1f} | "
-                     f"{r['eager']['step_ms']:.1f} | {r['sdpa']['step_ms'] / r['eager']['step_ms']:.2f} | "
-                     f"{same}/{batch} |")
+                     f"{r['eager']['step_ms']:.1f} | {r[grouped]['step_ms']:.1f} | "
+                     f"{r['sdpa']['step_ms'] / r['eager']['step_ms']:.2f} | "
+                     f"{r['eager']['step_ms'] / r[grouped]['step_ms']:.2f} | "
+                     f"{same[0]}/{batch}, {same[1]}/{batch} |")
         print(lines[-1], flush=True)
     model.config._attn_implementation = "sdpa"
     text = "\n".join(lines) + "\n"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from infra.config import StrictModel
 from infra.lazy import load_object
@@ -39,6 +39,19 @@ class GeneratorSpec(StrictModel):
     device: str = Field(default="auto", description="transformers: auto | cpu | cuda.")
     threads: int | None = Field(default=None, ge=1, description="transformers: torch CPU threads (None: torch's "
                                                                 "default or SEARCHLOOP_TORCH_THREADS).")
+    prefix_cache_tokens: int | None = Field(
+        default=None, ge=1, description="transformers: memory bound of the prefix KV store in tokens (None: the "
+        "engine's 65,536, ~1.5 GB of bf16 keys and values for SmolLM2-135M). 16,384 with eval.chunk 64 held a "
+        "210-question evaluation at 2.86 GB instead of 4.73 (docs/results/engines/session29).")
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_cache_bound(self, handler: Any) -> dict[str, Any]:
+        """Unset, ``prefix_cache_tokens`` is left out of dumps, so the keys (run folders) of configs that embed a
+        spec stay what they were before the field existed."""
+        data = handler(self)
+        if data.get("prefix_cache_tokens", 0) is None:
+            del data["prefix_cache_tokens"]
+        return data
 
     @model_validator(mode="after")
     def _url_for_openai(self) -> GeneratorSpec:
@@ -60,8 +73,9 @@ class GeneratorSpec(StrictModel):
         if self.backend == "auto":
             return self.resolved().engine_kwargs()
         if self.backend == "transformers":
+            extra = {} if self.prefix_cache_tokens is None else {"prefix_cache_tokens": self.prefix_cache_tokens}
             return {"batch_size": self.batch_size, "device": self.device, "threads": self.threads,
-                    "dtype": self.dtype}
+                    "dtype": self.dtype, **extra}
         if self.backend in ("vllm", "vllm_served"):
             return {} if self.dtype == "auto" else {"dtype": self.dtype}
         served_tokenizer = load_object("training.generation.spec:served_tokenizer")  # loads a tokenizer: not a leaf

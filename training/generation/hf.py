@@ -119,6 +119,7 @@ class TransformersGenerator:
     ) -> TransformersGenerator:
         """Load ``model`` (name, HF folder or GGUF; see ``training.generation.models.resolve_model``).
 
+        ``prefix_cache_tokens`` bounds the prefix KV store (default 65,536 tokens, ~1.5 GB for SmolLM2-135M in bf16).
         ``threads`` sets torch's intra-op threads (process-wide; default: ``SEARCHLOOP_TORCH_THREADS`` when set).
         On an oversubscribed CPU 1 thread was measured ~10x faster than 2. ``dtype="auto"`` (default) loads bf16 on
         CUDA and on CPUs with native bf16 matmuls (AMX / AVX512-BF16: prefill measured 4.3x faster than fp32 for
@@ -128,6 +129,7 @@ class TransformersGenerator:
 
         from training.generation.models import load_model
 
+        cache_tokens = kwargs.pop("prefix_cache_tokens", None)
         threads = threads or int(os.environ.get("SEARCHLOOP_TORCH_THREADS", "0") or 0) or None
         if threads is not None:
             import torch
@@ -137,7 +139,8 @@ class TransformersGenerator:
             kwargs["dtype"] = _auto_dtype(device)
         lm, tok = load_model(model, device=device, **kwargs)
         on_cpu = next(lm.parameters()).device.type == "cpu"
-        return cls(lm, tok, batch_size=batch_size, bucket_ratio=1.5 if on_cpu else None)
+        extra = {} if cache_tokens is None else {"prefix_cache_tokens": cache_tokens}
+        return cls(lm, tok, batch_size=batch_size, bucket_ratio=1.5 if on_cpu else None, **extra)
 
     def uses_prefix_cache(self, rows: int) -> bool:
         """Whether a call generating ``rows`` rows takes the prefix-cache path.

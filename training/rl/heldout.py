@@ -78,7 +78,7 @@ def eval_config(cfg: Any, model: str) -> Any:
     stage = cfg.stages[-1]
     retriever = RetrieverSpec(corpus=[cfg.eval.corpus]) if cfg.eval.corpus else cfg.retrieval
     rollout = RolloutConfig(temperature=0.0, best_of=1, top_k=cfg.eval_top_k(),
-                            max_turns=stage.max_turns, max_total_tokens=cfg.eval.max_new_tokens)
+                            max_turns=stage.max_turns, max_total_tokens=cfg.eval.max_new_tokens, chunk=cfg.eval.chunk)
     generator = cfg.eval.generator.model_copy(update={"model": model})
     return AgentEvalConfig(protocol=cfg.protocol, generator=generator, retrieval=retriever, rollout=rollout,
                            limit=cfg.eval.limit, normalization=cfg.eval_normalization())

@@ -318,3 +318,17 @@ def test_isolated_start_evaluation_gives_the_in_process_rows(tmp_path) -> None:
     assert len(iso) == 2 and iso == here
     with pytest.raises(SearchloopError, match="isolate_start=false"):
         evaluate_start(cfg, str(tmp_path / "no-such-model"), str(tmp_path / "bad"))
+
+
+def test_eval_chunk_and_cache_bound_reach_the_rollout_and_are_part_of_the_key() -> None:
+    """``eval.chunk`` and ``eval.generator.prefix_cache_tokens`` (the evaluation's memory bound) reach the held-out
+    rollout config and the engine; set, they change the run's key (answers may move in bf16)."""
+    from training.rl.heldout import eval_config
+
+    base = load_config(RLConfig, "research_hops_learn_cpu", [])
+    cfg = load_config(RLConfig, "research_hops_learn_cpu", ["eval.chunk=64",
+                                                            "eval.generator.prefix_cache_tokens=16384"])
+    ecfg = eval_config(cfg, "smollm2")
+    assert ecfg.rollout.chunk == 64 and eval_config(base, "smollm2").rollout.chunk is None
+    assert ecfg.generator.engine_kwargs()["prefix_cache_tokens"] == 16_384
+    assert cfg.key() != base.key()
