@@ -44,12 +44,11 @@ def test_same_spec_in_eval_em_and_rl_presets() -> None:
 
 
 def test_prefix_cache_bound_reaches_the_engine_and_unset_leaves_dumps_as_before(smol_path) -> None:
-    spec = GeneratorSpec(backend="transformers", prefix_cache_tokens=16_384)
+    spec = GeneratorSpec(backend="transformers", prefix_cache_tokens=16_384, device="cpu", dtype="float32")
     assert spec.engine_kwargs()["prefix_cache_tokens"] == 16_384
     assert "prefix_cache_tokens" not in GeneratorSpec().model_dump()  # run-folder keys that embed a spec unchanged
     assert GeneratorSpec.model_validate(spec.model_dump()) == spec
     from training.generation.hf import TransformersGenerator
 
-    gen = TransformersGenerator.from_model(str(smol_path), device="cpu", dtype="float32",
-                                           **{k: v for k, v in spec.engine_kwargs().items() if k != "device"})
+    gen = TransformersGenerator.from_model(str(smol_path), **spec.engine_kwargs())
     assert gen.prefix_cache.max_tokens == 16_384
