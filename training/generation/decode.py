@@ -160,10 +160,11 @@ def step_attention(model: Any) -> Iterator[None]:
 
     Measured on a 2-core AVX512-BF16 CPU (SmolLM2-135M, bf16, 600-token prompts, KV cache;
     ``benchmarks/decode_attention.py``, docs/results/engines/decode_attention.md): sdpa decode steps were the
-    slowest (batch 16: 240 ms against 144 ms for eager in session 15), and grouped steps take about half of eager's
-    at batch 16 and 64 (session 30: 91-119 against 167-220 ms at batch 16, 188-202 against 364-371 ms at batch 64,
-    equal at batch 1), while a 16 x 600-token prefill takes 9.3 s with sdpa and 17.8 s with eager. Elsewhere (CUDA,
-    or a model loaded with another implementation) nothing changes.
+    slowest (batch 16: 240 ms against 144 ms for eager in session 15), and grouped steps are 1.5-1.8x faster than
+    eager ones at batch 16 and 64 and equal at batch 1 (session 30, docs/results/engines/session30/decode_attention.md:
+    104 and 89 against 159 and 163 ms at batch 16, 183 against 290 ms at batch 64), while a 16 x 600-token prefill
+    takes 9.7 s with sdpa and 17.0 s with eager. Elsewhere (CUDA, or a model loaded with another implementation)
+    nothing changes.
     """
     config = getattr(model, "config", None)
     if (DECODE_STEP_ATTENTION == "sdpa" or getattr(config, "_attn_implementation", None) != "sdpa"
