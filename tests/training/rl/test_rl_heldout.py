@@ -325,14 +325,14 @@ def test_eval_chunk_and_cache_bound_reach_the_rollout_and_are_part_of_the_key() 
     rollout config and the engine; set, they change the run's key (answers may move in bf16)."""
     from training.rl.heldout import eval_config
 
-    base = load_config(RLConfig, "searchr1_hops_learn_cpu", [])
-    cfg = load_config(RLConfig, "searchr1_hops_learn_cpu", ["eval.chunk=48",
-                                                            "eval.generator.prefix_cache_tokens=8192"])
+    base = load_config(RLConfig, "searchr1_learn_cpu", [])
+    cfg = load_config(RLConfig, "searchr1_learn_cpu", ["eval.chunk=48", "eval.generator.prefix_cache_tokens=8192"])
     ecfg = eval_config(cfg, "smollm2")
     assert ecfg.rollout.chunk == 48 and eval_config(base, "smollm2").rollout.chunk is None
     assert ecfg.generator.engine_kwargs()["prefix_cache_tokens"] == 8192
     assert "prefix_cache_tokens" not in eval_config(base, "smollm2").generator.engine_kwargs()
     assert cfg.key() != base.key()
-    hops = load_config(RLConfig, "research_hops_learn_cpu", [])  # the preset measured with them (session 30)
-    assert hops.eval.chunk == 64 and hops.eval.generator.prefix_cache_tokens == 16_384
-    assert hops.stages[0].trl.loss_token_budget == 1024
+    for preset in ("research_hops_learn_cpu", "searchr1_hops_learn_cpu"):  # measured with them (session 30)
+        hops = load_config(RLConfig, preset, [])
+        assert hops.eval.chunk == 64 and hops.eval.generator.prefix_cache_tokens == 16_384
+        assert hops.stages[0].trl.loss_token_budget == 1024
