@@ -83,6 +83,9 @@ def build(backend: str, passages: int, out: Path) -> Path:
     return Path(ref.uri)
 
 
+QUERY_BACKEND: str | None = None  # --query-backend: what encodes the dense index's queries, in process and served
+
+
 def in_process(index_dir: Path, queries: list[str], k: int, workers: int, chunk: int | None = None
                ) -> tuple[float, float]:
     """Queries/s and CPU ms per query of batched search: ``workers`` threads, each searching its share in calls of
@@ -91,7 +94,7 @@ def in_process(index_dir: Path, queries: list[str], k: int, workers: int, chunk:
 
     from retrieval.index import load_searcher
 
-    searcher = load_searcher(index_dir)
+    searcher = load_searcher(index_dir, QUERY_BACKEND)
     searcher.search(queries[:64], k)
     parts = [queries[i::workers] for i in range(workers)]
 
@@ -111,7 +114,7 @@ def in_process_single(index_dir: Path, queries: list[str], k: int) -> float:
     """CPU ms per query of one-query calls (what the per-request baseline pays at best)."""
     from retrieval.index import load_searcher
 
-    searcher = load_searcher(index_dir)
+    searcher = load_searcher(index_dir, QUERY_BACKEND)
     searcher.search(queries[:4], k)
     c1 = time.process_time()
     for q in queries:
@@ -152,6 +155,8 @@ def server_process(index_dir: Path, batching: bool, workers: int, torch_threads:
            "--max-wait-ms", str(max_wait_ms), "--processes", str(processes)]
     if not batching:
         cmd.append("--no-batching")
+    if QUERY_BACKEND is not None:
+        cmd += ["--query-backend", QUERY_BACKEND]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch_threads),
            "MKL_NUM_THREADS": str(torch_threads), **(extra_env or {})}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
@@ -503,7 +508,12 @@ def main(argv: list[str] | None = None) -> None:
                    "'wait=10,workers=1/max_batch=64/torch_threads=2'.")
     p.add_argument("--fixed-mmap", action="store_true", help="Also run our server with glibc's mmap threshold "
                    "fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), the CLI's setting of 2026-11-25..27: the regression.")
+    p.add_argument("--query-backend", choices=["torch", "onnx", "onnx-int8"], default=None,
+                   help="What encodes the dense index's queries, in process and in our servers "
+                   "(EncoderConfig.query_backend; default: the index's, torch). Search-R1's server keeps its own.")
     args = p.parse_args(argv)
+    global QUERY_BACKEND
+    QUERY_BACKEND = args.query_backend
     parse_variants(args.server_variants, args)  # a typo fails here, not after the index and the reference ran
     server_file = Path("search_r1") / "search" / "retrieval_server.py"
     if args.searchr1 is not None and not (args.searchr1 / server_file).is_file():
@@ -518,7 +528,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.torch_threads)  # the in-process reference runs what the servers run
     queries = load_queries(4096)
     print(f"{len(queries)} unique queries; cpu cores: {os.cpu_count()}; torch threads {args.torch_threads}; "
-          f"workers {args.workers}; load average {os.getloadavg()[0]:.1f}", flush=True)
+          f"query encoder {args.query_backend or 'torch'}; workers {args.workers}; "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="searchloop-bench-") as tmp:
         work = args.work_dir or Path(tmp)

@@ -6,9 +6,9 @@ read by :class:`retrieval.client.RetrieverClient`.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_serializer, model_validator
 
 from infra.config import StrictModel
 
@@ -32,6 +32,18 @@ class RetrieverSpec(StrictModel):
         default=None, description=f"Bearer token for the server (recorded as '**********'; unset: ${TOKEN_ENV}).")
     timeout_s: float = Field(default=30.0, gt=0, description="HTTP timeout per retriever call (url).")
     wait_s: float = Field(default=0.0, ge=0, description="url: wait up to this long for the server to be healthy.")
+    query_backend: Literal["torch", "onnx", "onnx-int8"] | None = Field(
+        default=None, description="index: what encodes a dense index's queries (EncoderConfig.query_backend); None = "
+        "the setting the index was built with.")
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_query_backend(self, handler: Any) -> dict[str, Any]:
+        """Unset, ``query_backend`` is left out of dumps, so the keys of runs whose configs embed a spec stay what
+        they were before the field existed."""
+        data = handler(self)
+        if data.get("query_backend", "") is None:
+            del data["query_backend"]
+        return data
 
     @model_validator(mode="before")
     @classmethod

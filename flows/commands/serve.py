@@ -15,11 +15,13 @@ ENV_TOKEN = "SEARCHLOOP_RETRIEVER_TOKEN"
 ENV_URL = "SEARCHLOOP_RETRIEVER_URL"
 
 
-def open_searcher(index: Path | None, corpus: Path | None):  # noqa: ANN201 - returns a retrieval Searcher
+def open_searcher(index: Path | None, corpus: Path | None,  # noqa: ANN201 - returns a retrieval Searcher
+                  query_backend: str | None = None):
     """Load a built index directory or build BM25 over a corpus (``retrieval.open.open_searcher``)."""
     from retrieval.server import open_source
 
-    return open_source(None if index is None else str(index), None if corpus is None else str(corpus))
+    return open_source(None if index is None else str(index), None if corpus is None else str(corpus),
+                       query_backend)
 
 
 def serve_retriever(
@@ -40,6 +42,9 @@ def serve_retriever(
     batching: bool = typer.Option(True, "--batching/--no-batching",
                                   help="Micro-batch concurrent requests; --no-batching: one search per request in a "
                                        "thread pool (the seeds' baseline)."),
+    query_backend: str | None = typer.Option(None, help="What encodes a dense index's queries: torch, onnx or "
+                                                      "onnx-int8 (ONNX Runtime, int8 weights); default: the index's "
+                                                      "setting (EncoderConfig.query_backend)."),
 ) -> None:
     """Serve an index over HTTP in every seed's wire format (FlashRAG, Search-R1, R1-Searcher, ExSearch)."""
     from rich.console import Console
@@ -47,13 +52,17 @@ def serve_retriever(
     from infra.config import build_config
     from retrieval.server import ServerConfig, serve, serve_processes
 
+    if query_backend not in (None, "torch", "onnx", "onnx-int8"):
+        raise typer.BadParameter(f"{query_backend!r} is not one of torch, onnx, onnx-int8",
+                                 param_hint="--query-backend")
+
     cfg = build_config(ServerConfig, {
         "host": host, "port": port, "token": token, "cache_bytes": cache_mb * 2**20, "limits": {"max_k": max_k},
         "processes": processes,
         "batching": {"enabled": batching, "max_wait_ms": max_wait_ms, "max_batch_queries": max_batch_queries,
                      "workers": workers},
     }, "command line")
-    searcher = open_searcher(index, corpus)
+    searcher = open_searcher(index, corpus, query_backend)
     Console(stderr=True).print(
         f"[green]serving[/] {searcher.name} on http://{host}:{port} "
         f"(docs: /docs, health: /health, batching: {batching}, token: {token is not None}, "
@@ -61,7 +70,8 @@ def serve_retriever(
     )
     if processes > 1:  # the check above loaded the index once: bad input fails here, not in every worker
         del searcher
-        serve_processes(None if index is None else str(index), None if corpus is None else str(corpus), cfg)
+        serve_processes(None if index is None else str(index), None if corpus is None else str(corpus), cfg,
+                        query_backend)
     else:
         serve(searcher, cfg)
 
