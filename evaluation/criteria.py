@@ -20,6 +20,13 @@ e.g. ``metadata.relation``): per group, the rows, F1 start -> final with its pai
 up and down and the summed change, so a mean that hides a trade between question types is read as one (ReSearch's
 single-hop runs gained on "When was X born?" and lost on "When did X die?"). Groups under ``--min-group`` rows are
 pooled as ``(other)``, and so are groups not named in ``--groups A,B`` when it is given.
+
+``--pool`` reads a recipe and its replicates together (a folder and every ``<folder>__seed<N>`` given, all on the
+same questions): per question the change averaged over the seeds, with two intervals. "Questions" resamples the
+questions with the seeds fixed: the expected change of these seeds' runs on such questions. "Seeds x questions"
+resamples the seeds too (with replacement, then the questions), so the spread between seeds widens it; with three
+seeds it is a rough bound. Neither replaces criterion 5, which asks each replicate to resolve on its own: pooling
+says whether a recipe whose runs each sit at the edge of what the held-out set resolves moves the answers on average.
 """
 
 from __future__ import annotations
@@ -155,6 +162,79 @@ def table(results: Sequence[Criteria], missing: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
+class PooledChange(BaseModel):
+    """A recipe's runs over several seeds on the same questions (``--pool``)."""
+
+    recipe: str = Field(description="The main folder's name.")
+    folders: list[str] = Field(description="The folders pooled: the main one, then its replicates.")
+    n: int = Field(description="Questions every folder holds.")
+    field: str
+    per_seed: list[float] = Field(description="Each folder's mean final - start, in the order of ``folders``.")
+    diff: float = Field(description="Mean over seeds and questions of final - start.")
+    low_questions: float = Field(description="95% interval, questions resampled, seeds fixed: lower bound.")
+    high_questions: float
+    low_seeds_questions: float = Field(description="95% interval, seeds resampled, then questions: lower bound.")
+    high_seeds_questions: float
+
+
+def pooled_seeds(folders: Sequence[str | Path], field: str = "f1", n_resamples: int = 10000, seed: int = 0,
+                 ids: set[str] | None = None, confidence: float = 0.95) -> PooledChange:
+    """The change of ``field`` averaged over a recipe's seeds (``folders``: the main one first), with an interval
+    over questions and one over seeds and questions.
+
+    Raises:
+        ValueError: fewer than two folders, a folder without both evaluations, or folders that share no question.
+    """
+    import numpy as np
+
+    paths = [Path(f) for f in folders]
+    if len(paths) < 2:
+        raise ValueError(f"pooling needs a recipe and at least one replicate (<recipe>__seed<N>), got {len(paths)} "
+                         "folder(s)")
+    per: list[dict[str, float]] = []
+    for d in paths:
+        start_p, final_p = d / "heldout_start.jsonl", d / "heldout_final.jsonl"
+        if not (start_p.is_file() and final_p.is_file()):
+            raise ValueError(f"{d} lacks heldout_start.jsonl or heldout_final.jsonl; pool finished runs only")
+        final = {str(r["id"]): r for r in _rows(final_p)}
+        diffs = {}
+        for r in _rows(start_p):
+            q = str(r["id"])
+            if q in final and (ids is None or q in ids):
+                a, b = r.get(field), final[q].get(field)
+                if a is not None and b is not None:
+                    diffs[q] = float(b) - float(a)
+        per.append(diffs)
+    common = sorted(set.intersection(*(set(d) for d in per)))
+    if not common:
+        raise ValueError(f"{', '.join(p.name for p in paths)} share no question with a {field!r} value at both ends; "
+                         "pool runs evaluated on the same held-out set")
+    m = np.array([[d[q] for q in common] for d in per])  # seeds x questions
+    k, n = m.shape
+    rng = np.random.default_rng(seed)
+    alpha = (1 - confidence) / 2
+    by_q = m.mean(axis=0)
+    q_means = np.array([by_q[rng.integers(0, n, n)].mean() for _ in range(n_resamples)])
+    sq_means = np.array([m[rng.integers(0, k, k)][:, rng.integers(0, n, n)].mean() for _ in range(n_resamples)])
+    lq, hq = np.quantile(q_means, [alpha, 1 - alpha])
+    ls, hs = np.quantile(sq_means, [alpha, 1 - alpha])
+    return PooledChange(recipe=paths[0].name, folders=[p.name for p in paths], n=n, field=field,
+                        per_seed=[float(x) for x in m.mean(axis=1)], diff=float(m.mean()), low_questions=float(lq),
+                        high_questions=float(hq), low_seeds_questions=float(ls), high_seeds_questions=float(hs))
+
+
+def pooled_table(pools: Sequence[PooledChange]) -> str:
+    """Markdown table of ``--pool``: per recipe and field, each seed's change and the pooled change's intervals."""
+    lines = ["| recipe | field | seeds | n | per seed | mean over seeds | 95%, questions resampled | 95%, seeds x "
+             "questions resampled |", "|---|---|---|---|---|---|---|---|"]
+    for p in pools:
+        lines.append(f"| {p.recipe} | {p.field} | {len(p.folders)} | {p.n} | "
+                     f"{', '.join(f'{x:+.3f}' for x in p.per_seed)} | {p.diff:+.3f} | "
+                     f"[{p.low_questions:+.3f}, {p.high_questions:+.3f}] | "
+                     f"[{p.low_seeds_questions:+.3f}, {p.high_seeds_questions:+.3f}] |")
+    return "\n".join(lines)
+
+
 class GroupChange(BaseModel):
     """The F1 change of one group of held-out questions (``--by``)."""
 
@@ -244,7 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", default=None,
                     help="comma-separated --by groups to show; the rest are pooled as (other) (e.g. 'date of death,"
                          "date of birth')")
+    ap.add_argument("--pool", action="store_true",
+                    help="pool each recipe folder with its <recipe>__seed<N> replicates among the folders given: the "
+                         "change averaged over seeds, intervals over questions and over seeds x questions")
     args = ap.parse_args(argv)
+    if args.pool and args.by is not None:
+        ap.error("--pool and --by are separate reports; run them one at a time")
     if (args.by is None) != (args.questions is None):
         ap.error("--by and --questions go together: --by metadata.relation --questions <held-out JSONL file>")
     ids = None
@@ -278,11 +363,30 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("no folder holds heldout_start.jsonl; pass evidence folders, e.g. docs/results/learning/*/")
     if args.by is not None:
         return _print_groups(ap, args, [paths[r.folder] for r in results])
+    if args.pool:
+        return _print_pools(ap, args, paths, ids)
     if args.json:
         for r in results:
             print(json.dumps({**r.model_dump(), "meets_1_to_4": r.meets_1_to_4}))
     else:
         print(table(results, missing))
+    return 0
+
+
+def _print_pools(ap: argparse.ArgumentParser, args: argparse.Namespace, paths: Mapping[str, Path],
+                 ids: set[str] | None) -> int:
+    recipes = {name: [paths[name], *[paths[r] for r in sorted(paths) if replicate_of(r) == name]]
+               for name in paths if not replicate_of(name)}
+    recipes = {k: v for k, v in recipes.items() if len(v) > 1}
+    if not recipes:
+        ap.error("--pool found no folder given together with a replicate <folder>__seed<N>; pass a recipe's folder "
+                 "and its replicates, e.g. docs/results/learning/research_hops_try6*/")
+    pools = [pooled_seeds(v, field, args.resamples, ids=ids) for v in recipes.values() for field in ("reward", "f1")]
+    if args.json:
+        for p in pools:
+            print(json.dumps(p.model_dump()))
+    else:
+        print(pooled_table(pools))
     return 0
 
 
