@@ -77,8 +77,10 @@ class EncoderConfig(StrictModel):
         "or 'onnx-int8' (ONNX Runtime, weights quantized to int8 for the CPU's instruction set: avx512_vnni, avx2 "
         "or arm64). Passages always use torch. The ONNX files are exported once into <model_cache>/onnx. Needs "
         "onnxruntime and optimum. Not part of the fingerprint: recall of the index is measured per setting "
-        "(docs/results/engines/session31).",
+        "(benchmarks/query_encoder.py; docs/results/engines/session32: int8 1.6x cheaper per query, recall@5 equal "
+        "on the shipped eval files, recall@1 lower by 1-2 of 50).",
     )
+
     @model_serializer(mode="wrap")
     def _drop_default_query_backend(self, handler: Any) -> dict[str, Any]:
         """At its default, ``query_backend`` is left out of dumps, so the config hashes of indexes built before the
