@@ -332,7 +332,8 @@ def test_eval_chunk_and_cache_bound_reach_the_rollout_and_are_part_of_the_key() 
     assert ecfg.generator.engine_kwargs()["prefix_cache_tokens"] == 8192
     assert "prefix_cache_tokens" not in eval_config(base, "smollm2").generator.engine_kwargs()
     assert cfg.key() != base.key()
-    for preset in ("research_hops_learn_cpu", "searchr1_hops_learn_cpu"):  # measured with them (session 30)
+    # measured with them: sessions 30 (ReSearch, Search-R1) and 32 (R1-Searcher, both stages)
+    for preset in ("research_hops_learn_cpu", "searchr1_hops_learn_cpu", "r1searcher_hops_learn_cpu"):
         hops = load_config(RLConfig, preset, [])
         assert hops.eval.chunk == 64 and hops.eval.generator.prefix_cache_tokens == 16_384
-        assert hops.stages[0].trl.loss_token_budget == 1024
+        assert all(stage.trl.loss_token_budget == 1024 for stage in hops.stages), preset
