@@ -56,7 +56,12 @@ BF16_LABEL = "bf16 (autocast train, bf16 copy rollout)"
 REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
 #: variants applied to ``today`` alone (not cumulative): the memory candidates
-EXTRA = ("ckpt", "micro2", "budget1k", "budget2k", "fixed_heap", "thp", "mmap128k", "mmap4m")
+EXTRA = ("ckpt", "micro2", "budget1k", "budget2k", "fixed_heap", "thp", "mmap128k", "mmap4m", "filed")
+#: ``filed``: the preset's questions, shapes and sampling with the cost settings of the GRPO presets when issue 27
+#: was filed (full fine-tune, fp32, beta 0.001 with a reference model copy, no loss token budget): ``today`` against
+#: it is the "trajectories trained per minute against today's preset settings" ratio, in one run (the engine's code
+#: is today's in both, so the gains of later code are not in it)
+FILED = {"lora_rank": None, "precision": "fp32", "beta": 0.001, "loss_token_budget": None}
 #: variants that fix the training's glibc mmap threshold elsewhere (bytes; ``infra.memory.TRAINING_THRESHOLD``)
 VARIANT_THRESHOLD = {"mmap128k": 128 << 10, "mmap4m": 4 << 20}
 #: variants run in a process with these environment variables (``--isolate`` only)
@@ -66,6 +71,8 @@ VARIANT_ENV = {"thp": {"THP_MEM_ALLOC_ENABLE": "1"}}
 def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
     """The cumulative cheaper settings up to ``name`` (``today`` is the preset as is); ``EXTRA`` variants change
     ``today`` alone."""
+    if name == "filed":
+        return base.model_copy(update=FILED)
     if name == "ckpt":
         return base.model_copy(update={"gradient_checkpointing": True})
     if name == "micro2":
@@ -325,6 +332,11 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
     scope = "today with it alone" if best["name"] in EXTRA else "all switches up to it"
     lines += ["", f"**Ratio (b)/(a): {best['traj_per_min'] / base['traj_per_min']:.2f}x** trajectories trained per "
               f"minute, `{best['name']}` ({scope}) against `today`."]
+    filed = next((r for r in results if r["name"] == "filed"), None)
+    if filed:
+        lines += ["", f"**`today` against `filed`: {base['traj_per_min'] / filed['traj_per_min']:.2f}x** trajectories "
+                      "trained per minute (the preset's settings now against the cost settings of issue 27's filing: "
+                      "full fine-tune, fp32, beta 0.001 with a reference copy, no loss token budget)."]
     if gap:
         lines += ["", f"bf16 autocast vs fp32, per-token log-probs of 4 prompts (same weights): mean |diff| "
                       f"{gap['mean_abs']:.4f}, max {gap['max_abs']:.4f} nats "

@@ -56,3 +56,12 @@ def test_budget_variants_set_the_loss_token_budget_on_todays_settings() -> None:
     assert grpo_step.variant_config(base, "budget1k") == base.model_copy(update={"loss_token_budget": 1024})
     assert grpo_step.variant_config(base, "budget2k").loss_token_budget == 2048
     assert {"budget1k", "budget2k"} <= set(grpo_step.EXTRA)
+
+
+def test_filed_variant_restores_the_cost_settings_of_the_filing() -> None:
+    from training.rl.config import TRLSearchConfig
+
+    base = TRLSearchConfig(lora_rank=16, precision="auto", beta=0.0, loss_token_budget=1024, num_generations=8)
+    filed = grpo_step.variant_config(base, "filed")
+    assert (filed.lora_rank, filed.precision, filed.beta, filed.loss_token_budget) == (None, "fp32", 0.001, None)
+    assert filed.num_generations == 8  # the preset's shapes and sampling stay
