@@ -370,7 +370,7 @@ def run_isolated(args: argparse.Namespace, names: list[str]) -> int:
                 r.pop("env", None)
                 r["cfg"] = TRLSearchConfig.model_validate(r["cfg"])
                 results.append(r)
-    command = "PYTHONPATH=. nice -n 10 python benchmarks/grpo_step.py " + " ".join(sys.argv[1:])
+    command = "PYTHONPATH=. python benchmarks/grpo_step.py " + " ".join(sys.argv[1:])  # niceness: the machine line
     text = report(args.preset, env_before, environment(args.threads), results, None, command, args.warmup,
                   args.steps)
     print(text)
@@ -452,7 +452,7 @@ def main() -> int:
             [{**r, "cfg": r["cfg"].model_dump(mode="json"), "env": env_before} for r in results]))
         return 0
     gap = bf16_gap(model_path, rows, tok) if native_bf16() else None
-    command = "PYTHONPATH=. nice -n 10 python benchmarks/grpo_step.py " + " ".join(sys.argv[1:])
+    command = "PYTHONPATH=. python benchmarks/grpo_step.py " + " ".join(sys.argv[1:])  # niceness: the machine line
     text = report(args.preset, env_before, environment(args.threads), results, gap, command, args.warmup, args.steps)
     print(text)
     if args.out:
