@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +33,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
-BACKENDS = ("torch", "onnx", "onnx-int8")
+sys.path.insert(0, str(REPO))
+from retrieval.config import QUERY_BACKENDS  # noqa: E402
 
 
 def cpu_ms(fn, queries: list[str], call: int, rounds: int) -> float:  # noqa: ANN001 - a callable on a batch
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--call", type=int, default=64, help="Queries per encode/search call.")
     p.add_argument("--rounds", type=int, default=3, help="Timed passes per backend (median).")
     p.add_argument("--threads", type=int, default=1, help="Intra-op threads (torch and ONNX Runtime).")
-    p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--backends", default=",".join(QUERY_BACKENDS))
     p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built index here.")
     args = p.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
@@ -67,8 +69,6 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    import sys
-
     sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
     from server_throughput import load_queries
 

@@ -51,6 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(REPO))
+from retrieval.config import QUERY_BACKENDS  # noqa: E402
 
 
 def load_queries(limit: int) -> list[str]:
@@ -508,7 +509,7 @@ def main(argv: list[str] | None = None) -> None:
                    "'wait=10,workers=1/max_batch=64/torch_threads=2'.")
     p.add_argument("--fixed-mmap", action="store_true", help="Also run our server with glibc's mmap threshold "
                    "fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), the CLI's setting of 2026-11-25..27: the regression.")
-    p.add_argument("--query-backend", choices=["torch", "onnx", "onnx-int8"], default=None,
+    p.add_argument("--query-backend", choices=QUERY_BACKENDS, default=None,
                    help="What encodes the dense index's queries, in process and in our servers "
                    "(EncoderConfig.query_backend; default: the index's, torch). Search-R1's server keeps its own.")
     args = p.parse_args(argv)

@@ -6,7 +6,7 @@ read by :class:`retrieval.client.RetrieverClient`.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import Field, SecretStr, field_validator, model_serializer, model_validator
 
@@ -16,6 +16,11 @@ TOKEN_ENV = "SEARCHLOOP_RETRIEVER_TOKEN"  # the token when none is passed (how w
 
 _LEGACY = {"kind": "the kind follows from which of url/index/corpus is set",
            "backend": "the backend follows from which of url/index/corpus is set"}
+
+
+#: what encodes a dense index's queries (``EncoderConfig.query_backend``): the torch model, or ONNX Runtime (fp32, int8)
+QueryBackend = Literal["torch", "onnx", "onnx-int8"]
+QUERY_BACKENDS: tuple[str, ...] = get_args(QueryBackend)
 
 
 class RetrieverSpec(StrictModel):
@@ -32,7 +37,7 @@ class RetrieverSpec(StrictModel):
         default=None, description=f"Bearer token for the server (recorded as '**********'; unset: ${TOKEN_ENV}).")
     timeout_s: float = Field(default=30.0, gt=0, description="HTTP timeout per retriever call (url).")
     wait_s: float = Field(default=0.0, ge=0, description="url: wait up to this long for the server to be healthy.")
-    query_backend: Literal["torch", "onnx", "onnx-int8"] | None = Field(
+    query_backend: QueryBackend | None = Field(
         default=None, description="index: what encodes a dense index's queries (EncoderConfig.query_backend); None = "
         "the setting the index was built with.")
 

@@ -27,6 +27,7 @@ from pydantic import Field, model_serializer
 
 from infra.config import StrictModel, config_hash
 from infra.errors import ConfigError
+from retrieval.config import QueryBackend
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class EncoderConfig(StrictModel):
         default=256, ge=8, description="Truncate inputs to this many tokens (None = the model's own limit)."
     )
     device: str = Field(default="auto", description="'auto' (cuda when available, else cpu), 'cpu' or 'cuda[:n]'.")
-    query_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+    query_backend: QueryBackend = Field(
         default="torch",
         description="What encodes queries: 'torch' (the passage model), 'onnx' (ONNX Runtime, the same fp32 weights) "
         "or 'onnx-int8' (ONNX Runtime, weights quantized to int8 for the CPU's instruction set: avx512_vnni, avx2 "

@@ -50,10 +50,15 @@ def serve_retriever(
     from rich.console import Console
 
     from infra.config import build_config
+    from retrieval.config import QUERY_BACKENDS
     from retrieval.server import ServerConfig, serve, serve_processes
 
-    if query_backend not in (None, "torch", "onnx", "onnx-int8"):
-        raise typer.BadParameter(f"{query_backend!r} is not one of torch, onnx, onnx-int8",
+    if query_backend is not None and query_backend not in QUERY_BACKENDS:
+        raise typer.BadParameter(f"{query_backend!r} is not one of {', '.join(QUERY_BACKENDS)}",
+                                 param_hint="--query-backend")
+    if query_backend is not None and corpus is not None:
+        raise typer.BadParameter("encodes a dense index's queries; BM25 over --corpus has no query encoder: drop "
+                                 "--query-backend or pass --index <dense or hybrid index dir>",
                                  param_hint="--query-backend")
 
     cfg = build_config(ServerConfig, {

@@ -46,6 +46,9 @@ def test_cli_refuses_an_unknown_query_backend() -> None:
                                       "--query-backend", "tensorrt"], env={"COLUMNS": "200"})
     assert result.exit_code != 0
     assert "torch, onnx, onnx-int8" in result.output
+    bm25 = CliRunner().invoke(app, ["serve", "retriever", "--corpus", "data/corpus/mini.jsonl",
+                                    "--query-backend", "onnx-int8"], env={"COLUMNS": "200"})
+    assert bm25.exit_code != 0 and "BM25 over --corpus has no query encoder" in bm25.output
 
 
 @pytest.mark.slow
