@@ -191,36 +191,38 @@ def pooled_seeds(folders: Sequence[str | Path], field: str = "f1", n_resamples: 
     if len(paths) < 2:
         raise ValueError(f"pooling needs a recipe and at least one replicate (<recipe>__seed<N>), got {len(paths)} "
                          "folder(s)")
-    per: list[dict[str, float]] = []
+    per: list[dict[str, tuple[float, float]]] = []
     for d in paths:
         start_p, final_p = d / "heldout_start.jsonl", d / "heldout_final.jsonl"
         if not (start_p.is_file() and final_p.is_file()):
             raise ValueError(f"{d} lacks heldout_start.jsonl or heldout_final.jsonl; pool finished runs only")
         final = {str(r["id"]): r for r in _rows(final_p)}
-        diffs = {}
+        pairs = {}
         for r in _rows(start_p):
             q = str(r["id"])
             if q in final and (ids is None or q in ids):
                 a, b = r.get(field), final[q].get(field)
                 if a is not None and b is not None:
-                    diffs[q] = float(b) - float(a)
-        per.append(diffs)
+                    pairs[q] = (float(a), float(b))
+        per.append(pairs)
     common = sorted(set.intersection(*(set(d) for d in per)))
     if not common:
         raise ValueError(f"{', '.join(p.name for p in paths)} share no question with a {field!r} value at both ends; "
                          "pool runs evaluated on the same held-out set")
-    m = np.array([[d[q] for q in common] for d in per])  # seeds x questions
+    start = np.array([[d[q][0] for q in common] for d in per])  # seeds x questions
+    final = np.array([[d[q][1] for q in common] for d in per])
+    # questions resampled, seeds fixed: the paired bootstrap of the seed-averaged start and final values
+    by_q = paired_bootstrap(start.mean(axis=0).tolist(), final.mean(axis=0).tolist(), field=field,
+                            confidence=confidence, n_resamples=n_resamples, seed=seed)
+    m = final - start
     k, n = m.shape
     rng = np.random.default_rng(seed)
-    alpha = (1 - confidence) / 2
-    by_q = m.mean(axis=0)
-    q_means = np.array([by_q[rng.integers(0, n, n)].mean() for _ in range(n_resamples)])
     sq_means = np.array([m[rng.integers(0, k, k)][:, rng.integers(0, n, n)].mean() for _ in range(n_resamples)])
-    lq, hq = np.quantile(q_means, [alpha, 1 - alpha])
+    alpha = (1 - confidence) / 2
     ls, hs = np.quantile(sq_means, [alpha, 1 - alpha])
     return PooledChange(recipe=paths[0].name, folders=[p.name for p in paths], n=n, field=field,
-                        per_seed=[float(x) for x in m.mean(axis=1)], diff=float(m.mean()), low_questions=float(lq),
-                        high_questions=float(hq), low_seeds_questions=float(ls), high_seeds_questions=float(hs))
+                        per_seed=[float(x) for x in m.mean(axis=1)], diff=float(m.mean()), low_questions=by_q.low,
+                        high_questions=by_q.high, low_seeds_questions=float(ls), high_seeds_questions=float(hs))
 
 
 def pooled_table(pools: Sequence[PooledChange]) -> str:
