@@ -25,20 +25,27 @@ def test_every_index_preset_validates() -> None:
         assert cfg.index.backend in path.stem
 
 
-def _task_states(flow_run_id) -> dict[str, list[str]]:
+def _task_states(flow_run_id, task: str, expected: list[str], timeout_s: float = 30.0) -> list[str]:
+    """States of one task's runs in a flow run, sorted. Prefect 3 records task-run states through events, which
+    the server writes a moment after the flow returns (CI once read a state of None), so this polls until the
+    expected states are there or ``timeout_s`` passes, and returns the last read for the assertion."""
+    import time
+
     import anyio
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    async def read() -> dict[str, list[str]]:
+    async def read() -> list[str]:
         async with get_client() as client:
             runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        out: dict[str, list[str]] = {}
-        for r in runs:
-            out.setdefault(r.name.rsplit("-", 1)[0], []).append(r.state.name)
-        return out
+        return sorted(r.state.name if r.state else "None" for r in runs if r.name.rsplit("-", 1)[0] == task)
 
-    return anyio.run(read)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = anyio.run(read)
+        if states == sorted(expected) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.5)
 
 
 @pytest.mark.slow
@@ -71,17 +78,19 @@ def test_flow_builds_evaluates_and_logs(prefect_harness, mini_corpus_path, data_
     (tmp_path / "dense" / "manifest.json").unlink()  # as if the first run had died after embedding
     state = build_index_flow(str(dense), return_state=True)
     again = state.result()
-    assert _task_states(state.state_details.flow_run_id)["embed-shard"] == ["Cached"] * 3  # content-hash cache
+    cached = ["Cached"] * 3  # the content-hash cache
+    assert _task_states(state.state_details.flow_run_id, "embed-shard", cached) == cached
     assert again.index.n_passages == 120 and not again.index.reused
     forced = build_index_flow(str(dense), ("force=true",), return_state=True)
-    assert _task_states(forced.state_details.flow_run_id)["embed-shard"] == ["Completed"] * 3
+    assert _task_states(forced.state_details.flow_run_id, "embed-shard", ["Completed"] * 3) == ["Completed"] * 3
     assert forced.result().index.shards_reused == 3  # the library still reused the files
 
     import shutil
 
     shutil.rmtree(tmp_path / "dense")  # the user deletes the index and builds it again: the cache is stale
     healed = build_index_flow(str(dense), return_state=True)
-    assert sorted(_task_states(healed.state_details.flow_run_id)["embed-shard"]) == ["Cached"] * 3 + ["Completed"] * 3
+    both = ["Cached"] * 3 + ["Completed"] * 3
+    assert _task_states(healed.state_details.flow_run_id, "embed-shard", both) == both
     assert healed.result().index.n_passages == 120 and healed.result().index.shards_reused == 0
 
 
