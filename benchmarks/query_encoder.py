@@ -12,9 +12,11 @@ the index keep the torch model's), so speed is reported together with what it co
 - recall@k of the gold passages (``retrieval.recall``) on the eval files, per backend, beside torch's.
 
 The index is built with the project's own builder over ``--corpus`` (default: the shipped mini corpus, all
-passages). Example (what session 31 ran)::
+passages). ``--query-model <dir>`` adds, for every backend, a row for a query encoder distilled into the index's space
+(``searchloop index distill-queries``, ``retrieval.distill``). Examples (what sessions 31 and 33 ran)::
 
     PYTHONPATH=. python benchmarks/query_encoder.py --threads 1
+    PYTHONPATH=. python benchmarks/query_encoder.py --threads 1 --backends torch,onnx-int8 --query-model <dir>
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1, help="Intra-op threads (torch and ONNX Runtime).")
     p.add_argument("--backends", default=",".join(QUERY_BACKENDS))
     p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built index here.")
+    p.add_argument("--query-model", default=None,
+                   help="A distilled query encoder's folder: adds a '<backend> distilled' row per backend.")
+    p.add_argument("--distill", action="store_true",
+                   help="Distill a query encoder for the index first (defaults of `searchloop index distill-queries`, "
+                        "kept in <work-dir>/student) and add its rows.")
     args = p.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
 
@@ -89,14 +96,28 @@ def main(argv: list[str] | None = None) -> None:
         ref = build_index(IndexBuildConfig(corpus=args.corpus, backend="dense"), work / "dense")
         print(f"dense index: {ref.n_passages} passages in {time.perf_counter() - t0:.1f} s", flush=True)
         fp32 = SentenceTransformerEncoder(EncoderConfig(dtype="float32")).encode(queries, "query")
+        student = args.query_model
+        if args.distill and student is None:
+            from retrieval.distill import distill_query_encoder
+
+            student = str(work / "student")
+            if not (work / "student" / "manifest.json").exists():
+                t0 = time.perf_counter()
+                torch.set_num_threads(os.cpu_count() or 1)  # training is not what is timed here
+                m = distill_query_encoder(EncoderConfig(), student)
+                torch.set_num_threads(args.threads)
+                print(f"distilled a query encoder (layers {m['layers']} of {m['teacher_layers']}, {m['n_train']} "
+                      f"training queries, held-out cosine mean {m['heldout_cosine_mean']:.4f} min "
+                      f"{m['heldout_cosine_min']:.4f}) in {time.perf_counter() - t0:.0f} s", flush=True)
+        variants = [(b, b, None) for b in backends] + [(f"{b} distilled", b, student) for b in backends if student]
         rows: dict[str, dict] = {}
-        for name in backends:
-            searcher = load_searcher(ref.uri, name)
+        for name, backend, qmodel in variants:
+            searcher = load_searcher(ref.uri, backend, qmodel)
             enc = searcher.encoder
             vec = enc.encode(queries, "query")
             hits = [[h.id for h in hs] for hs in searcher.search(queries, 5)]
             cos = (vec * fp32).sum(1)
-            recall = evaluate_index_recall(ref.uri, RecallConfig(files=evals, ks=[1, 5, 10]), name)
+            recall = evaluate_index_recall(ref.uri, RecallConfig(files=evals, ks=[1, 5, 10]), backend, qmodel)
             rows[name] = {
                 "encode_ms": cpu_ms(lambda b, e=enc: e.encode(b, "query"), queries, args.call, args.rounds),
                 "search_ms": cpu_ms(lambda b, s=searcher: s.search(b, 5), queries, args.call, args.rounds),

@@ -85,6 +85,7 @@ def build(backend: str, passages: int, out: Path) -> Path:
 
 
 QUERY_BACKEND: str | None = None  # --query-backend: what encodes the dense index's queries, in process and served
+QUERY_MODEL: str | None = None  # --query-model: a distilled query encoder for the dense index, in process and served
 
 
 def in_process(index_dir: Path, queries: list[str], k: int, workers: int, chunk: int | None = None
@@ -95,7 +96,7 @@ def in_process(index_dir: Path, queries: list[str], k: int, workers: int, chunk:
 
     from retrieval.index import load_searcher
 
-    searcher = load_searcher(index_dir, QUERY_BACKEND)
+    searcher = load_searcher(index_dir, QUERY_BACKEND, QUERY_MODEL)
     searcher.search(queries[:64], k)
     parts = [queries[i::workers] for i in range(workers)]
 
@@ -115,7 +116,7 @@ def in_process_single(index_dir: Path, queries: list[str], k: int) -> float:
     """CPU ms per query of one-query calls (what the per-request baseline pays at best)."""
     from retrieval.index import load_searcher
 
-    searcher = load_searcher(index_dir, QUERY_BACKEND)
+    searcher = load_searcher(index_dir, QUERY_BACKEND, QUERY_MODEL)
     searcher.search(queries[:4], k)
     c1 = time.process_time()
     for q in queries:
@@ -158,6 +159,8 @@ def server_process(index_dir: Path, batching: bool, workers: int, torch_threads:
         cmd.append("--no-batching")
     if QUERY_BACKEND is not None:
         cmd += ["--query-backend", QUERY_BACKEND]
+    if QUERY_MODEL is not None:
+        cmd += ["--query-model", QUERY_MODEL]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch_threads),
            "MKL_NUM_THREADS": str(torch_threads), **(extra_env or {})}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
@@ -512,9 +515,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--query-backend", choices=QUERY_BACKENDS, default=None,
                    help="What encodes the dense index's queries, in process and in our servers "
                    "(EncoderConfig.query_backend; default: the index's, torch). Search-R1's server keeps its own.")
+    p.add_argument("--query-model", default=None,
+                   help="A query encoder distilled for the dense index (`searchloop index distill-queries --index "
+                   "<work-dir>/dense`), in process and in our servers (EncoderConfig.query_model). Search-R1's server "
+                   "keeps its own.")
     args = p.parse_args(argv)
-    global QUERY_BACKEND
-    QUERY_BACKEND = args.query_backend
+    global QUERY_BACKEND, QUERY_MODEL
+    QUERY_BACKEND, QUERY_MODEL = args.query_backend, args.query_model
     parse_variants(args.server_variants, args)  # a typo fails here, not after the index and the reference ran
     server_file = Path("search_r1") / "search" / "retrieval_server.py"
     if args.searchr1 is not None and not (args.searchr1 / server_file).is_file():

@@ -40,14 +40,18 @@ class RetrieverSpec(StrictModel):
     query_backend: QueryBackend | None = Field(
         default=None, description="index: what encodes a dense index's queries (EncoderConfig.query_backend); None = "
         "the setting the index was built with.")
+    query_model: str | None = Field(
+        default=None, description="index: a query encoder distilled into a dense index's space "
+        "(EncoderConfig.query_model, `searchloop index distill-queries`); None = the index's own encoder.")
 
     @model_serializer(mode="wrap")
     def _drop_unset_query_backend(self, handler: Any) -> dict[str, Any]:
-        """Unset, ``query_backend`` is left out of dumps, so the keys of runs whose configs embed a spec stay what
-        they were before the field existed."""
+        """Unset, ``query_backend`` and ``query_model`` are left out of dumps, so the keys of runs whose configs
+        embed a spec stay what they were before the fields existed."""
         data = handler(self)
-        if data.get("query_backend", "") is None:
-            del data["query_backend"]
+        for key in ("query_backend", "query_model"):
+            if data.get(key, "") is None:
+                del data[key]
         return data
 
     @model_validator(mode="before")

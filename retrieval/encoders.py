@@ -36,6 +36,8 @@ Kind = Literal["query", "passage"]
 MINILM_ALIASES = {"minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
 #: queries per encoder forward pass on CPU (issue 26 item 7; measured in docs/results/engines/session29)
 QUERY_BATCH_SIZE = 16
+#: the ``kind`` in a distilled query encoder's manifest (retrieval.distill)
+QUERY_MODEL_KIND = "distilled-query-encoder"
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 
 # (substring of the lower-cased model name, query prefix, passage prefix); first match wins.
@@ -82,13 +84,23 @@ class EncoderConfig(StrictModel):
         "on the shipped eval files, recall@1 lower by 1-2 of 50).",
     )
 
+    query_model: str | None = Field(
+        default=None,
+        description="A smaller query encoder distilled into this encoder's space (`searchloop index distill-queries`, "
+        "retrieval.distill): queries are encoded by it (under query_backend), passages by `model`. Refused when it "
+        "was distilled from another encoder. None = `model` encodes queries. Not part of the fingerprint; its recall "
+        "is measured per index (benchmarks/query_encoder.py --query-model).",
+    )
+
     @model_serializer(mode="wrap")
     def _drop_default_query_backend(self, handler: Any) -> dict[str, Any]:
-        """At its default, ``query_backend`` is left out of dumps, so the config hashes of indexes built before the
-        field existed stay what they were."""
+        """At their defaults, ``query_backend`` and ``query_model`` are left out of dumps, so the config hashes of
+        indexes built before the fields existed stay what they were."""
         data = handler(self)
         if data.get("query_backend") == "torch":
             del data["query_backend"]
+        if data.get("query_model", "") is None:
+            del data["query_model"]
         return data
 
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -137,7 +149,7 @@ class Encoder(Protocol):
 def config_fingerprint(cfg: EncoderConfig) -> str:
     """Identity of an encoder's outputs (model, prefixes, normalization, length), computed without loading it."""
     q, p = default_prefixes(cfg.model)
-    skip = {"batch_size", "query_batch_size", "device", "dtype", "query_backend"}
+    skip = {"batch_size", "query_batch_size", "device", "dtype", "query_backend", "query_model"}
     return config_hash({"cfg": cfg.model_dump(exclude=skip), "q": q, "p": p})
 
 
@@ -240,6 +252,31 @@ def _onnx_query_model(path: str, cfg: EncoderConfig) -> Any:
     return model
 
 
+def check_query_model(path: str, teacher: EncoderConfig) -> dict[str, Any]:
+    """The manifest of a distilled query encoder (``EncoderConfig.query_model``), checked against the encoder it
+    stands in for.
+
+    Raises:
+        ArtifactError: when ``path`` is not a finished folder (no manifest).
+        ConfigError: when it is not a distilled query encoder or was distilled from another encoder (another model,
+            prefix, length or normalization).
+    """
+    from infra.artifacts import require_manifest
+    from infra.paths import resolve_path
+
+    manifest = require_manifest(resolve_path(path), kind="distilled query encoder")
+    if manifest.get("kind") != QUERY_MODEL_KIND:
+        raise ConfigError(f"query_model={path!r} is not a distilled query encoder (its manifest's kind is "
+                          f"{manifest.get('kind')!r}); make one with `searchloop index distill-queries`")
+    mine = config_fingerprint(teacher)
+    if manifest.get("teacher_fingerprint") != mine:
+        raise ConfigError(f"query_model={path!r} was distilled from {manifest.get('teacher_model')!r} (fingerprint "
+                          f"{manifest.get('teacher_fingerprint')}), but this encoder is {teacher.model!r} (fingerprint "
+                          f"{mine}): distill one for this index (`searchloop index distill-queries --index <dir>`) or "
+                          "drop query_model")
+    return manifest
+
+
 def _pick_device(device: str) -> str:
     if device != "auto":
         return device
@@ -275,7 +312,25 @@ class SentenceTransformerEncoder:
         if cfg.query_backend != "torch" and device != "cpu":
             raise ConfigError(f"encoder.query_backend={cfg.query_backend!r} runs on the CPU, but the encoder's device "
                               f"is {device!r}; use query_backend='torch' on {device}")
-        self._query_model = self._model if cfg.query_backend == "torch" else _onnx_query_model(path, cfg)
+        query_path = path
+        if cfg.query_model is not None:
+            from infra.paths import resolve_path
+
+            check_query_model(cfg.query_model, cfg)
+            query_path = resolve_path(cfg.query_model)
+        if cfg.query_backend != "torch":
+            self._query_model = _onnx_query_model(query_path, cfg)
+        elif cfg.query_model is not None:
+            self._query_model = SentenceTransformer(query_path, device=device, trust_remote_code=False,
+                                                    model_kwargs={"dtype": _pick_dtype(cfg.dtype, device)})
+            if cfg.max_length is not None:
+                self._query_model.max_seq_length = cfg.max_length
+        else:
+            self._query_model = self._model
+        query_dim = int(self._query_model.get_sentence_embedding_dimension() or self.dim)
+        if query_dim != self.dim:
+            raise ConfigError(f"query_model={cfg.query_model!r} gives {query_dim}-dimensional vectors, the index's "
+                              f"encoder {self.dim}: distill one for this encoder")
 
     def encode(self, texts: list[str], kind: Kind) -> np.ndarray:
         """Embed ``texts`` as queries or passages; returns float32 [n, dim]."""

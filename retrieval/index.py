@@ -197,23 +197,26 @@ def build_index(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str] | None = 
     return finalize_index(cfg, plan, shards)
 
 
-def load_searcher(index_dir: str | Path, query_backend: str | None = None) -> Searcher:
+def load_searcher(index_dir: str | Path, query_backend: str | None = None,
+                  query_model: str | None = None) -> Searcher:
     """Open a finished index directory (any backend) as a Searcher; ``query_backend`` (a dense encoder's
-    ``EncoderConfig.query_backend``: torch, onnx, onnx-int8) replaces the one the index was built with.
+    ``EncoderConfig.query_backend``: torch, onnx, onnx-int8) and ``query_model`` (``EncoderConfig.query_model``, a
+    distilled query encoder) replace the ones the index was built with.
 
     Raises:
         ArtifactError: when the directory has no manifest (missing or unfinished build).
     """
     manifest = require_manifest(index_dir, kind="index")
     cfg = IndexBuildConfig.model_validate(manifest["config"])
-    if query_backend is not None:
-        cfg = cfg.model_copy(update={"encoder": cfg.encoder.model_copy(update={"query_backend": query_backend})})
+    update = {k: v for k, v in (("query_backend", query_backend), ("query_model", query_model)) if v is not None}
+    if update:
+        cfg = cfg.model_copy(update={"encoder": cfg.encoder.model_copy(update=update)})
     name = manifest.get("backend")
     if name not in INDEX_BACKENDS:
         raise ArtifactError(f"{index_dir}/manifest.json has unknown backend {name!r}; rebuild the index (or register "
                             "the backend in retrieval.index_config.INDEX_BACKENDS)")
     d = local_path(index_dir)
-    parts = [load_searcher(d / p, query_backend) for p in manifest.get("parts", [])]
+    parts = [load_searcher(d / p, query_backend, query_model) for p in manifest.get("parts", [])]
     return get_backend(name).open(d, cfg, parts)
 
 

@@ -44,7 +44,7 @@ def open_searcher(spec: RetrieverSpec) -> Searcher:
     if spec.index:
         from retrieval.index import load_searcher
 
-        return load_searcher(resolve_path(spec.index), spec.query_backend)
+        return load_searcher(resolve_path(spec.index), spec.query_backend, spec.query_model)
     return bm25_over(tuple(_canonical(c) for c in spec.corpus or ()))
 
 

@@ -149,12 +149,12 @@ def evaluate_recall(searcher: Searcher, examples: Iterable[RecallExample], ks: S
 
 
 def evaluate_index_recall(index_dir: str | os.PathLike[str], cfg: RecallConfig,
-                          query_backend: str | None = None) -> RecallReport:
-    """Load the index in ``index_dir`` (a dense index's queries encoded by ``query_backend`` when given) and score
-    it on every file of ``cfg``."""
+                          query_backend: str | None = None, query_model: str | None = None) -> RecallReport:
+    """Load the index in ``index_dir`` (a dense index's queries encoded by ``query_backend`` / ``query_model`` when
+    given) and score it on every file of ``cfg``."""
     from infra.paths import resolve_path
     from retrieval.index import load_searcher
 
     examples = [ex for f in cfg.files for ex in load_examples(resolve_path(f))]
-    return evaluate_recall(load_searcher(index_dir, query_backend), examples, cfg.ks, cfg.batch_size,
+    return evaluate_recall(load_searcher(index_dir, query_backend, query_model), examples, cfg.ks, cfg.batch_size,
                            index_name=str(index_dir))

@@ -16,12 +16,12 @@ ENV_URL = "SEARCHLOOP_RETRIEVER_URL"
 
 
 def open_searcher(index: Path | None, corpus: Path | None,  # noqa: ANN201 - returns a retrieval Searcher
-                  query_backend: str | None = None):
+                  query_backend: str | None = None, query_model: Path | None = None):
     """Load a built index directory or build BM25 over a corpus (``retrieval.open.open_searcher``)."""
     from retrieval.server import open_source
 
     return open_source(None if index is None else str(index), None if corpus is None else str(corpus),
-                       query_backend)
+                       query_backend, None if query_model is None else str(query_model))
 
 
 def serve_retriever(
@@ -45,6 +45,9 @@ def serve_retriever(
     query_backend: str | None = typer.Option(None, help="What encodes a dense index's queries: torch, onnx or "
                                                       "onnx-int8 (ONNX Runtime, int8 weights); default: the index's "
                                                       "setting (EncoderConfig.query_backend)."),
+    query_model: Path | None = typer.Option(None, help="A query encoder distilled for this dense index "
+                                                       "(`searchloop index distill-queries`): queries are encoded "
+                                                       "by it, under --query-backend (EncoderConfig.query_model)."),
 ) -> None:
     """Serve an index over HTTP in every seed's wire format (FlashRAG, Search-R1, R1-Searcher, ExSearch)."""
     from rich.console import Console
@@ -56,10 +59,10 @@ def serve_retriever(
     if query_backend is not None and query_backend not in QUERY_BACKENDS:
         raise typer.BadParameter(f"{query_backend!r} is not one of {', '.join(QUERY_BACKENDS)}",
                                  param_hint="--query-backend")
-    if query_backend is not None and corpus is not None:
-        raise typer.BadParameter("encodes a dense index's queries; BM25 over --corpus has no query encoder: drop "
-                                 "--query-backend or pass --index <dense or hybrid index dir>",
-                                 param_hint="--query-backend")
+    for given, hint in ((query_backend, "--query-backend"), (query_model, "--query-model")):
+        if given is not None and corpus is not None:
+            raise typer.BadParameter("encodes a dense index's queries; BM25 over --corpus has no query encoder: drop "
+                                     f"{hint} or pass --index <dense or hybrid index dir>", param_hint=hint)
 
     cfg = build_config(ServerConfig, {
         "host": host, "port": port, "token": token, "cache_bytes": cache_mb * 2**20, "limits": {"max_k": max_k},
@@ -67,7 +70,7 @@ def serve_retriever(
         "batching": {"enabled": batching, "max_wait_ms": max_wait_ms, "max_batch_queries": max_batch_queries,
                      "workers": workers},
     }, "command line")
-    searcher = open_searcher(index, corpus, query_backend)
+    searcher = open_searcher(index, corpus, query_backend, query_model)
     Console(stderr=True).print(
         f"[green]serving[/] {searcher.name} on http://{host}:{port} "
         f"(docs: /docs, health: /health, batching: {batching}, token: {token is not None}, "
@@ -76,7 +79,7 @@ def serve_retriever(
     if processes > 1:  # the check above loaded the index once: bad input fails here, not in every worker
         del searcher
         serve_processes(None if index is None else str(index), None if corpus is None else str(corpus), cfg,
-                        query_backend)
+                        query_backend, None if query_model is None else str(query_model))
     else:
         serve(searcher, cfg)
 

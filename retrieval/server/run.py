@@ -39,7 +39,8 @@ def serve(searcher: Searcher, config: ServerConfig | None = None) -> None:
     uvicorn.run(create_app(searcher, config), **_uvicorn_options(config))  # type: ignore[arg-type]
 
 
-def open_source(index: str | None, corpus: str | None, query_backend: str | None = None) -> Searcher:
+def open_source(index: str | None, corpus: str | None, query_backend: str | None = None,
+                query_model: str | None = None) -> Searcher:
     """Load a built index directory (any backend), or build BM25 over a corpus jsonl in memory.
 
     Raises:
@@ -51,7 +52,7 @@ def open_source(index: str | None, corpus: str | None, query_backend: str | None
     if (index is None) == (corpus is None):
         raise ConfigError("pass exactly one of --index <index dir> or --corpus <corpus.jsonl>")
     return open_searcher(RetrieverSpec(index=index, corpus=None if corpus is None else [corpus],
-                                       query_backend=query_backend))
+                                       query_backend=query_backend, query_model=query_model))
 
 
 def app_from_env() -> FastAPI:
@@ -60,12 +61,12 @@ def app_from_env() -> FastAPI:
     if not raw:
         raise ConfigError(f"{SPEC_ENV} is not set: start multi-process serving with retrieval.server.serve_processes")
     spec = orjson.loads(raw)
-    return create_app(open_source(spec["index"], spec["corpus"], spec.get("query_backend")),
+    return create_app(open_source(spec["index"], spec["corpus"], spec.get("query_backend"), spec.get("query_model")),
                       ServerConfig.model_validate(spec["config"]))
 
 
 def serve_processes(index: str | None, corpus: str | None, config: ServerConfig,
-                    query_backend: str | None = None) -> None:
+                    query_backend: str | None = None, query_model: str | None = None) -> None:
     """Run ``config.processes`` server processes on one port (uvicorn workers; the kernel spreads connections).
 
     The parent only supervises (uvicorn restarts a worker that dies); every worker loads the index itself. The
@@ -78,6 +79,7 @@ def serve_processes(index: str | None, corpus: str | None, config: ServerConfig,
     dumped["token"] = config.token.get_secret_value() if config.token is not None else None
     os.environ[SPEC_ENV] = orjson.dumps({"index": None if index is None else str(index),
                                          "corpus": None if corpus is None else str(corpus),
-                                         "query_backend": query_backend, "config": dumped}).decode()
+                                         "query_backend": query_backend, "query_model": query_model,
+                                         "config": dumped}).decode()
     uvicorn.run("retrieval.server.run:app_from_env", factory=True, workers=config.processes,
                 **_uvicorn_options(config))  # type: ignore[arg-type]
