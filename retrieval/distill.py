@@ -99,8 +99,7 @@ def distill_query_encoder(teacher: EncoderConfig, out: str | Path, layers: list[
         seed: shuffling and the trainer's seed.
 
     Raises:
-        ConfigError: when ``out`` exists, the layers are invalid or the teacher has a query prefix the student would
-            not share.
+        ConfigError: when ``out`` exists, the layers are invalid or too few training queries are left.
     """
     import torch
     from datasets import Dataset
