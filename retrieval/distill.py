@@ -58,7 +58,8 @@ def training_queries(question_files: list[str], title_files: list[str], limit: i
         for ref in files:
             path = resolve_path(ref)
             if not os.path.exists(path):
-                raise ConfigError(f"distillation queries: {ref} ({path}) does not exist; pass an existing jsonl")
+                shown = ref if ref == path else f"{ref} ({path})"
+                raise ConfigError(f"distillation queries: {shown} does not exist; pass an existing jsonl")
             for row in read_jsonl(path):
                 text = " ".join(str(row.get(field) or "").split())
                 if text:

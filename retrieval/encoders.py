@@ -261,10 +261,14 @@ def check_query_model(path: str, teacher: EncoderConfig) -> dict[str, Any]:
         ConfigError: when it is not a distilled query encoder or was distilled from another encoder (another model,
             prefix, length or normalization).
     """
-    from infra.artifacts import require_manifest
+    from infra.artifacts import read_manifest
+    from infra.errors import ArtifactError
     from infra.paths import resolve_path
 
-    manifest = require_manifest(resolve_path(path), kind="distilled query encoder")
+    manifest = read_manifest(resolve_path(path))
+    if manifest is None:
+        raise ArtifactError(f"query_model={path!r} is missing or incomplete (no manifest.json): make it with "
+                            "`searchloop index distill-queries --index <dense index> --out <dir>` or drop query_model")
     if manifest.get("kind") != QUERY_MODEL_KIND:
         raise ConfigError(f"query_model={path!r} is not a distilled query encoder (its manifest's kind is "
                           f"{manifest.get('kind')!r}); make one with `searchloop index distill-queries`")

@@ -83,8 +83,8 @@ def evaluate(
 
 
 def distill_queries(
-    index_dir: Path = typer.Option(..., "--index", help="The dense (or hybrid) index whose encoder the student "
-                                                        "stands in for, for queries only."),
+    index_dir: Path = typer.Option(..., "--index", help="The dense index whose encoder the student stands in for, "
+                                                        "for queries only (a hybrid index: its dense part)."),
     out: Path = typer.Option(..., "--out", help="The student's folder (must not exist)."),
     layers: str | None = typer.Option(None, help="Comma-separated teacher layers the student keeps (default: every "
                                                  "other one, from the first: 0,2,4 of MiniLM's 6)."),
@@ -103,8 +103,9 @@ def distill_queries(
     from retrieval.index import IndexBuildConfig
 
     cfg = IndexBuildConfig.model_validate(require_manifest(index_dir, kind="index")["config"])
-    if cfg.backend not in ("dense", "hybrid"):
-        raise ConfigError(f"{index_dir} is a {cfg.backend} index: only dense and hybrid indexes encode queries")
+    if cfg.backend != "dense":
+        hint = f" (pass its dense part, e.g. {index_dir}/dense)" if cfg.backend == "hybrid" else ""
+        raise ConfigError(f"{index_dir} is a {cfg.backend} index: a query encoder is distilled for a dense index{hint}")
     try:
         keep = None if layers is None else [int(x) for x in layers.split(",") if x.strip()]
     except ValueError as exc:

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from infra.errors import ConfigError
+from infra.errors import ArtifactError, ConfigError
 from retrieval.encoders import EncoderConfig, config_fingerprint
 from retrieval.open import RetrieverSpec
 
@@ -79,6 +79,8 @@ def test_distilled_query_encoder_trains_loads_and_is_refused_for_another_encoder
     assert np.array_equal(small.encode(QUERIES, "passage"), full.encode(QUERIES, "passage"))  # passages: the teacher
     with pytest.raises(ConfigError, match="distilled from"):
         SentenceTransformerEncoder(EncoderConfig(dtype="float32", max_length=64, query_model=str(out)))
+    with pytest.raises(ArtifactError, match="searchloop index distill-queries"):
+        SentenceTransformerEncoder(teacher.model_copy(update={"query_model": str(tmp_path / "none")}))
 
     ref_index = build_index(IndexBuildConfig(corpus=str(mini_corpus_path), backend="dense", limit=60),
                             tmp_path / "dense")
