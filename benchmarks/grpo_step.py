@@ -25,7 +25,9 @@ huge pages, so the training's fixed mmap threshold faults their memory in 2 MiB 
 ``--isolate``, since the variable is read once per process), ``mmap128k`` (the training's fixed mmap threshold at
 128 KiB, as sessions 12-25 trained: every activation above it is a fresh mmap whose pages fault in) and ``mmap4m``
 (at 4 MiB; today's is 32 MiB, glibc's dynamic maximum, with ``infra.memory.trim_on_growth`` after every step;
-use ``--isolate`` for clean peaks).
+use ``--isolate`` for clean peaks), and ``shared`` (``share_prompt``: the loss forwards each distinct prompt of a
+micro-batch once and its completions on its key/value cache, micro-batches filled one prompt at a time; the same
+gradient up to float order, ``training/rl/shared_prompt.py``).
 Each variant's minor page faults and system CPU seconds per step (``getrusage``, warm-up step included) are printed
 next to its time: the price of the fixed mmap threshold (``infra.memory``).
 Each variant's peak RSS during its measured steps is sampled (every 0.1 s), overall and by the phase it was sampled
@@ -56,7 +58,7 @@ BF16_LABEL = "bf16 (autocast train, bf16 copy rollout)"
 REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
 #: variants applied to ``today`` alone (not cumulative): the memory candidates
-EXTRA = ("ckpt", "micro2", "budget1k", "budget2k", "fixed_heap", "thp", "mmap128k", "mmap4m", "filed")
+EXTRA = ("ckpt", "micro2", "budget1k", "budget2k", "fixed_heap", "thp", "mmap128k", "mmap4m", "filed", "shared")
 #: ``filed``: the preset's questions, shapes and sampling with the cost settings of the GRPO presets when issue 27
 #: was filed (full fine-tune, fp32, beta 0.001 with a reference model copy, no loss token budget): ``today`` against
 #: it is the "trajectories trained per minute against today's preset settings" ratio, in one run (the engine's code
@@ -75,6 +77,8 @@ def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
         return base.model_copy(update=FILED)
     if name == "ckpt":
         return base.model_copy(update={"gradient_checkpointing": True})
+    if name == "shared":
+        return base.model_copy(update={"share_prompt": True})
     if name == "micro2":
         return base.model_copy(update={"micro_batch_size": 2})
     if name.startswith("budget"):  # budget1k, budget2k
@@ -337,6 +341,10 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
         lines += ["", f"**`today` against `filed`: {base['traj_per_min'] / filed['traj_per_min']:.2f}x** trajectories "
                       "trained per minute (the preset's settings now against the cost settings of issue 27's filing: "
                       "full fine-tune, fp32, beta 0.001 with a reference copy, no loss token budget)."]
+        for r in results:
+            if r["name"] not in ("today", "filed"):
+                lines += ["", f"**`{r['name']}` against `filed`: {r['traj_per_min'] / filed['traj_per_min']:.2f}x** "
+                              "trajectories trained per minute."]
     if gap:
         lines += ["", f"bf16 autocast vs fp32, per-token log-probs of 4 prompts (same weights): mean |diff| "
                       f"{gap['mean_abs']:.4f}, max {gap['max_abs']:.4f} nats "

@@ -65,3 +65,11 @@ def test_filed_variant_restores_the_cost_settings_of_the_filing() -> None:
     filed = grpo_step.variant_config(base, "filed")
     assert (filed.lora_rank, filed.precision, filed.beta, filed.loss_token_budget) == (None, "fp32", 0.001, None)
     assert filed.num_generations == 8  # the preset's shapes and sampling stay
+
+
+def test_shared_variant_turns_on_share_prompt_alone() -> None:
+    from training.rl.config import TRLSearchConfig
+
+    base = TRLSearchConfig(num_generations=8, prompts_per_step=2, micro_batch_size=4, loss_token_budget=1024)
+    assert grpo_step.variant_config(base, "shared") == base.model_copy(update={"share_prompt": True})
+    assert "shared" in grpo_step.EXTRA

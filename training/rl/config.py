@@ -68,6 +68,11 @@ class TRLSearchConfig(StrictModel):
         "whose losses are weighted by their share of the micro-batch and back-propagated in turn, so the gradient is "
         "the micro-batch's (up to float order) and the loss's activations are bounded by tokens, not rows. None: the "
         "micro-batch in one forward/backward.")
+    share_prompt: bool = Field(
+        default=False, description="Forward each distinct prompt of a loss micro-batch once and its completions on "
+        "its key/value cache (training/rl/shared_prompt.py; the same log-probs and gradient up to float order), with "
+        "the step's rows put in micro-batches one prompt at a time (loss types grpo and dr_grpo; bnpo keeps TRL's "
+        "order). False: TRL's forward of every row's prompt + completion.")
 
     @model_validator(mode="after")
     def _micro_batch_divides_the_step(self) -> TRLSearchConfig:
@@ -75,6 +80,13 @@ class TRLSearchConfig(StrictModel):
         if self.micro_batch_size is not None and step % self.micro_batch_size:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step x "
                              f"num_generations = {step}")
+        return self
+
+    @model_validator(mode="after")
+    def _shared_prompt_needs_the_cache(self) -> TRLSearchConfig:
+        if self.share_prompt and self.gradient_checkpointing:
+            raise ValueError("share_prompt forwards completions on the prompt's key/value cache, which transformers "
+                             "turns off under gradient_checkpointing: set one of them to false")
         return self
 
 
@@ -250,8 +262,8 @@ class RLConfig(StrictModel):
         """Short hash of the preset + overrides (its experiment directory, ``infra.paths.experiment_root``); the
         warm-up SFT's ``timeout_s``, the report-only ``eval.split_by`` and the process layout ``eval.isolate_start``
         are left out, so a re-run may change them and still reuse the directory; so is an unset
-        ``loss_token_budget`` or ``eval.chunk`` (an unset ``prefix_cache_tokens`` is left out of every generator
-        spec's dump)."""
+        ``loss_token_budget`` or ``eval.chunk`` and an off ``share_prompt`` (an unset ``prefix_cache_tokens`` is left
+        out of every generator spec's dump)."""
         data = self.model_dump(mode="json")
         for runtime_only in ("split_by", "isolate_start"):  # report / process layout only: the run is reused
             data["eval"].pop(runtime_only, None)
@@ -262,6 +274,8 @@ class RLConfig(StrictModel):
         for stage in data["stages"]:  # unset, it leaves the keys of the runs from before it existed unchanged
             if (stage.get("trl") or {}).get("loss_token_budget", 0) is None:
                 del stage["trl"]["loss_token_budget"]
+            if (stage.get("trl") or {}).get("share_prompt") is False:
+                del stage["trl"]["share_prompt"]
         return config_hash(data)[:10]
 
     def eval_normalization(self) -> str:

@@ -175,9 +175,10 @@ def _make_trainer_class() -> type:
         """GRPOTrainer whose completions come from a multi-turn search rollout with a per-token loss mask."""
 
         def __init__(self, *args: Any, rollout_fn: RolloutFn, resample_flat_groups: int = 0,
-                     loss_token_budget: int | None = None, **kwargs: Any) -> None:
+                     loss_token_budget: int | None = None, share_prompt: bool = False, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.loss_token_budget = loss_token_budget
+            self.share_prompt = share_prompt
             self.current_gradient_accumulation_steps = 1  # the Trainer sets it per optimizer step; 1 outside train()
             self.rollout_fn = rollout_fn
             self.rollout_seeds = RolloutSeeds(self.args.seed)
@@ -323,22 +324,61 @@ def _make_trainer_class() -> type:
             responses = [s.response for s in samples]
             return super()._calculate_rewards(rows, prompts, responses, completion_ids_list)
 
+        def _prepare_inputs(self, generation_batch: Any) -> Any:
+            """TRL's, with the step's rows put in prompt order after its shuffle when ``share_prompt`` is on, so
+            each micro-batch holds one prompt's rows (:func:`training.rl.shared_prompt.order_by_prompt`)."""
+            if not (self.share_prompt and self.model.training):
+                return super()._prepare_inputs(generation_batch)
+            from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+            from training.rl.shared_prompt import order_by_prompt
+
+            if self._step % (self.args.steps_per_generation * self.num_iterations) == 0 \
+                    or self._buffered_inputs is None:
+                batch = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
+                batch = order_by_prompt(batch, self.loss_type)
+                self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+            inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+            self._step += 1
+            return inputs
+
         def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any,
                                                *args: Any, **kwargs: Any) -> tuple:
             if self._full_attention is not None:
                 attention_mask = self._full_attention
-            logps, entropies = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
-                                                                          *args, **kwargs)
+            if self.share_prompt and self._can_share(input_ids, attention_mask, args, kwargs):
+                from training.rl.shared_prompt import shared_prompt_logps
+
+                logits_to_keep = args[0] if args else kwargs["logits_to_keep"]
+                batch_size = args[1] if len(args) > 1 else kwargs.get("batch_size")
+                compute_entropy = args[2] if len(args) > 2 else kwargs.get("compute_entropy", False)
+                logps, entropies = shared_prompt_logps(model, input_ids, attention_mask, logits_to_keep,
+                                                       self.temperature, compute_entropy, batch_size)
+            else:
+                logps, entropies = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
+                                                                              *args, **kwargs)
             if self.capture_logps and logps.requires_grad:
                 logps.retain_grad()
                 self.captured_logps = logps
             return logps, entropies
 
+        def _can_share(self, input_ids: Any, attention_mask: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
+            """A text-only call (TRL's positional logits_to_keep, batch_size, compute_entropy at most) in which some
+            prompt occurs in more than one row."""
+            from training.rl.shared_prompt import worth_sharing
+
+            if len(args) > 3 or any(v is not None for k, v in kwargs.items()
+                                    if k not in ("logits_to_keep", "batch_size", "compute_entropy")):
+                return False
+            logits_to_keep = args[0] if args else kwargs["logits_to_keep"]
+            width = input_ids.size(1) - logits_to_keep
+            return width > 0 and worth_sharing(input_ids[:, :width], attention_mask[:, :width])
+
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
             budget = self.loss_token_budget
             if not budget:
                 return self._masked_loss(model, inputs)
-            parts = loss_parts(inputs, budget)
+            parts = loss_parts(inputs, budget, shared_prompt=self.share_prompt)
             mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
             done: Any = None
             for i, (rows, part) in enumerate(parts):
@@ -368,13 +408,17 @@ def _make_trainer_class() -> type:
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 
 
-def loss_parts(inputs: dict[str, Any], budget: int) -> list[tuple[Any, dict[str, Any]]]:
+def loss_parts(inputs: dict[str, Any], budget: int, shared_prompt: bool = False) -> list[tuple[Any, dict[str, Any]]]:
     """Cut a loss batch (TRL's left-padded ``prompt_*`` and right-padded ``completion_*`` tensors, rows first) into
     parts of at most ``budget`` tokens (rows x the part's prompt + completion width, at least one row a part): rows
     sorted by their unpadded length, each part trimmed to its own longest prompt and completion. Returns (row
     indices, part inputs) pairs; tensors of the completion's width (masks, old/reference log-probs) are cut like it,
-    per-row tensors are indexed, anything else is passed on."""
+    per-row tensors are indexed, anything else is passed on. ``shared_prompt`` (the loss forwards each distinct
+    prompt once, :mod:`training.rl.shared_prompt`): rows are taken one prompt at a time and a part costs its distinct
+    prompts' tokens once plus rows x its completion width."""
     import torch
+
+    from training.rl.shared_prompt import prompt_groups
 
     prompt_mask, completion_mask = inputs["prompt_mask"], inputs["completion_mask"]
     n, width_p, width_c = prompt_mask.size(0), prompt_mask.size(1), completion_mask.size(1)
@@ -382,12 +426,24 @@ def loss_parts(inputs: dict[str, Any], budget: int) -> list[tuple[Any, dict[str,
     cols = torch.arange(1, width_c + 1, device=completion_mask.device)
     completion_len = (completion_mask.bool() * cols).amax(1)  # last 1 of the mask (tool tokens are 1 there)
     order = torch.argsort(prompt_len + completion_len, descending=True, stable=True).tolist()
+    prompt_of = list(range(n))
+    if shared_prompt:
+        for k, (rows, _) in enumerate(prompt_groups(inputs["prompt_ids"], prompt_mask)):
+            for r in rows:
+                prompt_of[r] = k
+        order.sort(key=lambda r: min(j for j in range(n) if prompt_of[j] == prompt_of[r]))  # stable: by prompt
+
+    def cost(g: list[int]) -> int:
+        if shared_prompt:
+            firsts = {prompt_of[r]: r for r in g}
+            return sum(int(prompt_len[r]) for r in firsts.values()) + len(g) * int(completion_len[g].max())
+        return len(g) * (int(prompt_len[g].max()) + int(completion_len[g].max()))
+
     groups: list[list[int]] = []
     for r in order:
         if groups:
             g = groups[-1] + [r]
-            width = int(prompt_len[g].max()) + int(completion_len[g].max())
-            if len(g) * width <= budget:
+            if cost(g) <= budget:
                 groups[-1] = g
                 continue
         groups.append([r])
@@ -488,7 +544,8 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
     return cls(model=model, reward_funcs=list(reward_funcs), args=grpo_args(cfg, output_dir),
                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config(cfg),
                callbacks=[*(callbacks or []), progress_callback(), heap_callback()], rollout_fn=rollout_fn,
-               resample_flat_groups=cfg.resample_flat_groups, loss_token_budget=cfg.loss_token_budget)
+               resample_flat_groups=cfg.resample_flat_groups, loss_token_budget=cfg.loss_token_budget,
+               share_prompt=cfg.share_prompt)
 
 
 def heap_callback() -> Any:
