@@ -8,8 +8,12 @@ fp32 separates the code from the numerics: the budgeted gradient must equal the 
 numerics of bf16 alone; the script prints how much, with advantages of mixed signs and with advantages that cancel
 (the same completion with +a and -a), where the gradient is a small difference of large terms.
 
-Usage: ``PYTHONPATH=. python benchmarks/loss_budget_check.py --model <policy folder> [--lora 16] [--budget 1024]``
-(about a minute on 2 cores). Output: one line per comparison.
+``--share-prompt`` adds the same comparison for ``TRLSearchConfig.share_prompt`` (each distinct prompt forwarded
+once, ``training/rl/shared_prompt.py``) on a micro-batch whose four rows share one prompt, as GRPO's micro-batches do
+with it on: shared against TRL's forward, under the budget, in fp32 and bf16.
+
+Usage: ``PYTHONPATH=. python benchmarks/loss_budget_check.py --model <policy folder> [--lora 16] [--budget 1024]
+[--share-prompt]`` (about a minute on 2 cores). Output: one line per comparison.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     ap.add_argument("--model", required=True, help="HF folder of the policy (e.g. a learning run's warm-up model)")
     ap.add_argument("--lora", type=int, default=16, help="LoRA rank of the trained adapters (0: full fine-tune)")
     ap.add_argument("--budget", type=int, default=1024)
+    ap.add_argument("--share-prompt", action="store_true", help="also compare share_prompt with TRL's forward")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     cfg = TRLSearchConfig(num_generations=4, prompts_per_step=1, max_steps=1, beta=0.0, max_completion_length=128,
@@ -71,8 +76,9 @@ def main(argv: list[str] | None = None) -> list[str]:
     def flat_grad() -> Any:
         return torch.cat([p.grad.flatten().float() for p in trainer.model.parameters() if p.grad is not None])
 
-    def grads(budget: int | None, bf16: bool) -> Any:
+    def grads(budget: int | None, bf16: bool, shared: bool = False) -> Any:
         trainer.model.zero_grad(set_to_none=True)
+        trainer.share_prompt = shared
         trainer.loss_token_budget, trainer.current_gradient_accumulation_steps = budget, 1
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = trainer._compute_loss(trainer.model, b)
@@ -106,6 +112,15 @@ def main(argv: list[str] | None = None) -> list[str]:
     lines.append(f"the Trainer's path (fp32, 4 accumulation steps): parts vs whole "
                  f"{rel(trainer_path(args.budget), trainer_path(None))}")
     lines.append(f"bf16 whole batch twice: {rel(grads(None, True), grads(None, True))} (deterministic kernels)")
+    if args.share_prompt:
+        b["prompt_ids"][:], b["prompt_mask"][:] = b["prompt_ids"][2], b["prompt_mask"][2]  # one prompt, 230 tokens
+        b["advantages"] = torch.tensor([0.5, -0.3, 0.8, -1.0])
+        for bf16 in (False, True):
+            plain, shared = grads(args.budget, bf16), grads(args.budget, bf16, shared=True)
+            lines.append(f"one shared prompt, {'bf16 autocast' if bf16 else 'fp32'}, budget {args.budget}: |g| "
+                         f"{plain.norm():.5f}; share_prompt vs TRL's forward {rel(shared, plain)}; parts "
+                         f"{[len(r) for r, _ in loss_parts(b, args.budget, shared_prompt=True)]} rows shared, "
+                         f"{[len(r) for r, _ in loss_parts(b, args.budget)]} plain")
     for line in lines:
         print(line, flush=True)
     out_dir.cleanup()

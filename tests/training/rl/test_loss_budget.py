@@ -129,9 +129,10 @@ def test_budget_check_script_finds_fp32_parts_equal_to_the_whole_batch(tiny_mode
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     import loss_budget_check
 
-    lines = loss_budget_check.main(["--model", str(tiny_model_dir), "--lora", "0", "--budget", "1024"])
-    fp32 = [line for line in lines if ", fp32:" in line or "Trainer's path" in line]
-    assert len(fp32) == 3
+    lines = loss_budget_check.main(["--model", str(tiny_model_dir), "--lora", "0", "--budget", "1024",
+                                    "--share-prompt"])
+    fp32 = [line for line in lines if ", fp32:" in line or "Trainer's path" in line or "prompt, fp32," in line]
+    assert len(fp32) == 4
     for line in fp32:
         diffs = [float(x) for x in re.findall(r"\d\.\d+e[-+]\d+", line)]  # the relative differences (|g| is not)
         assert diffs and max(diffs) < 1e-4, line
