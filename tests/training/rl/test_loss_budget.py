@@ -63,24 +63,6 @@ def test_part_weights_sum_to_one() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny random Llama (SmolLM2's architecture and tokenizer) saved as an HF folder."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from training.generation.models import load_tokenizer, resolve_model
-
-    smol = resolve_model("smollm2")
-    cfg = AutoConfig.from_pretrained(str(smol))
-    cfg.update({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": True})
-    torch.manual_seed(0)
-    model_dir = tmp_path_factory.mktemp("tiny")
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(model_dir))
-    load_tokenizer(smol).save_pretrained(str(model_dir))
-    return model_dir
-
-
-@pytest.fixture(scope="module")
 def tiny_trainer(tiny_model_dir, tmp_path_factory):
     """A SearchGRPOTrainer over the tiny model (its rollouts are never called)."""
     from training.rl.config import TRLSearchConfig

@@ -52,24 +52,6 @@ def test_order_by_prompt_makes_each_prompt_consecutive() -> None:
     assert order_by_prompt(batch, "bnpo") is batch  # its normaliser depends on the micro-batches: TRL's order
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny random Llama (SmolLM2's architecture and tokenizer) saved as an HF folder."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from training.generation.models import load_tokenizer, resolve_model
-
-    smol = resolve_model("smollm2")
-    cfg = AutoConfig.from_pretrained(str(smol))
-    cfg.update({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": True})
-    torch.manual_seed(0)
-    model_dir = tmp_path_factory.mktemp("tiny")
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(model_dir))
-    load_tokenizer(smol).save_pretrained(str(model_dir))
-    return model_dir
-
-
 def _trainer(model_dir, out_dir, lora_rank: int | None):
     from training.rl.config import TRLSearchConfig
     from training.rl.trl_engine import build_trainer
