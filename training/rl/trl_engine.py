@@ -31,8 +31,10 @@ micro-batch longer than the budget is cut into parts of similar length (:func:`l
 padding), each part's loss is weighted by its share of the micro-batch (:func:`part_weight`) and back-propagated in
 turn, so the gradient is the micro-batch's (tested against the whole batch for TRL's loss normalisations). Unlike a
 smaller ``micro_batch_size`` it leaves the accumulation steps alone: TRL 0.24's loss and the Trainer both divide by
-them, so halving the micro-batch also halves the step's gradient. ``benchmarks/grpo_step.py`` measures what each
-switch saves per step.
+them, so halving the micro-batch also halves the step's gradient. ``share_prompt`` forwards each distinct prompt of
+a loss batch once and its completions on the prompt's key/value cache, with the step's rows put in micro-batches one
+prompt at a time (:mod:`training.rl.shared_prompt`; the same log-probs and gradient up to float order).
+``benchmarks/grpo_step.py`` measures what each switch saves per step.
 
 Dynamic sampling (DAPO; ``TRLSearchConfig.resample_flat_groups``): a group whose rollouts all earn the same reward
 has zero advantage and trains nothing, so before TRL scores a step the trainer rolls out its groups, and for each
