@@ -37,11 +37,6 @@ def prompt_groups(prompt_ids: Any, prompt_mask: Any) -> list[tuple[list[int], An
     return [(rows, tokens[key]) for key, rows in groups.items()]
 
 
-def worth_sharing(prompt_ids: Any, prompt_mask: Any) -> bool:
-    """True when some prompt occurs in more than one row (otherwise TRL's own forward is as cheap)."""
-    return len(prompt_groups(prompt_ids, prompt_mask)) < prompt_ids.size(0)
-
-
 def _expanded_cache(cache: Any, rows: int) -> Any:
     """A new DynamicCache holding ``cache``'s keys and values expanded (as views) to ``rows`` rows."""
     from transformers import DynamicCache
@@ -54,7 +49,8 @@ def _expanded_cache(cache: Any, rows: int) -> Any:
 
 
 def shared_prompt_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, temperature: float,
-                        compute_entropy: bool = False, batch_size: int | None = None) -> tuple[Any, Any]:
+                        compute_entropy: bool = False, batch_size: int | None = None,
+                        groups: list[tuple[list[int], Any]] | None = None) -> tuple[Any, Any]:
     """Per-token log-probs (and entropies) of the last ``logits_to_keep`` tokens of each row, as TRL 0.24's
     ``_get_per_token_logps_and_entropies`` computes them, with each distinct prompt forwarded once.
 
@@ -71,14 +67,17 @@ def shared_prompt_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     chunk = batch_size or n
     logps: list[Any] = [None] * n
     entropies: list[Any] = [None] * n
-    for rows, prompt in prompt_groups(input_ids[:, :prompt_width], attention_mask[:, :prompt_width]):
+    if groups is None:
+        groups = prompt_groups(input_ids[:, :prompt_width], attention_mask[:, :prompt_width])
+    for rows, prompt in groups:
         if prompt.numel() == 0:
-            raise ValueError("share_prompt needs a non-empty prompt in every row")
+            raise ValueError("share_prompt needs a non-empty prompt in every row; set share_prompt: false")
         out = model(input_ids=prompt[None], attention_mask=torch.ones_like(prompt)[None], use_cache=True,
                     logits_to_keep=1)
         cache, last = out.past_key_values, out.logits[:, -1:, :]
         if not isinstance(cache, DynamicCache):
-            raise TypeError(f"share_prompt needs a DynamicCache from the model, got {type(cache).__name__}")
+            raise TypeError(f"share_prompt needs a DynamicCache from the model, got {type(cache).__name__}; set "
+                            "share_prompt: false for this model")
         for start in range(0, len(rows), chunk):
             part = rows[start:start + chunk]
             ids = completion_ids[part]

@@ -348,14 +348,15 @@ def _make_trainer_class() -> type:
                                                *args: Any, **kwargs: Any) -> tuple:
             if self._full_attention is not None:
                 attention_mask = self._full_attention
-            if self.share_prompt and self._can_share(input_ids, attention_mask, args, kwargs):
+            groups = self._shared_groups(input_ids, attention_mask, args, kwargs) if self.share_prompt else None
+            if groups is not None:
                 from training.rl.shared_prompt import shared_prompt_logps
 
                 logits_to_keep = args[0] if args else kwargs["logits_to_keep"]
                 batch_size = args[1] if len(args) > 1 else kwargs.get("batch_size")
                 compute_entropy = args[2] if len(args) > 2 else kwargs.get("compute_entropy", False)
                 logps, entropies = shared_prompt_logps(model, input_ids, attention_mask, logits_to_keep,
-                                                       self.temperature, compute_entropy, batch_size)
+                                                       self.temperature, compute_entropy, batch_size, groups=groups)
             else:
                 logps, entropies = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
                                                                               *args, **kwargs)
@@ -364,17 +365,20 @@ def _make_trainer_class() -> type:
                 self.captured_logps = logps
             return logps, entropies
 
-        def _can_share(self, input_ids: Any, attention_mask: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
-            """A text-only call (TRL's positional logits_to_keep, batch_size, compute_entropy at most) in which some
-            prompt occurs in more than one row."""
-            from training.rl.shared_prompt import worth_sharing
+        def _shared_groups(self, input_ids: Any, attention_mask: Any, args: tuple,
+                           kwargs: dict[str, Any]) -> list[tuple[list[int], Any]] | None:
+            """The rows' prompt groups when the call is text-only (TRL's positional logits_to_keep, batch_size,
+            compute_entropy at most) and some prompt occurs in more than one row; else None (TRL's forward)."""
+            from training.rl.shared_prompt import prompt_groups
 
             if len(args) > 3 or any(v is not None for k, v in kwargs.items()
                                     if k not in ("logits_to_keep", "batch_size", "compute_entropy")):
-                return False
-            logits_to_keep = args[0] if args else kwargs["logits_to_keep"]
-            width = input_ids.size(1) - logits_to_keep
-            return width > 0 and worth_sharing(input_ids[:, :width], attention_mask[:, :width])
+                return None
+            width = input_ids.size(1) - (args[0] if args else kwargs["logits_to_keep"])
+            if width <= 0:
+                return None
+            groups = prompt_groups(input_ids[:, :width], attention_mask[:, :width])
+            return groups if len(groups) < input_ids.size(0) else None
 
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
             budget = self.loss_token_budget
@@ -428,12 +432,12 @@ def loss_parts(inputs: dict[str, Any], budget: int, shared_prompt: bool = False)
     cols = torch.arange(1, width_c + 1, device=completion_mask.device)
     completion_len = (completion_mask.bool() * cols).amax(1)  # last 1 of the mask (tool tokens are 1 there)
     order = torch.argsort(prompt_len + completion_len, descending=True, stable=True).tolist()
-    prompt_of = list(range(n))
+    prompt_of = [0] * n  # with shared_prompt: each row's prompt group, groups in order of first appearance
     if shared_prompt:
         for k, (rows, _) in enumerate(prompt_groups(inputs["prompt_ids"], prompt_mask)):
             for r in rows:
                 prompt_of[r] = k
-        order.sort(key=lambda r: min(j for j in range(n) if prompt_of[j] == prompt_of[r]))  # stable: by prompt
+        order.sort(key=prompt_of.__getitem__)  # stable: by prompt, longest first within one
 
     def cost(g: list[int]) -> int:
         if shared_prompt:

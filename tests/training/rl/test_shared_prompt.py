@@ -166,3 +166,16 @@ def test_share_prompt_with_gradient_checkpointing_is_refused_with_the_fix() -> N
 
     with pytest.raises(ValidationError, match="set one of them to false"):
         TRLSearchConfig(share_prompt=True, gradient_checkpointing=True)
+
+
+def test_trainer_shares_only_text_calls_with_a_repeated_prompt(tiny_model_dir, tmp_path) -> None:
+    trainer = _trainer(tiny_model_dir, tmp_path, None)
+    batch = _batch(vocab=trainer.model.config.vocab_size)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    width = batch["completion_ids"].size(1)
+    groups = trainer._shared_groups(ids, mask, (width,), {"compute_entropy": True, "pixel_values": None})
+    assert [rows for rows, _ in groups] == [[0, 2, 5], [1, 4], [3]]
+    assert trainer._shared_groups(ids, mask, (width,), {"pixel_values": torch.zeros(1)}) is None  # not text-only
+    distinct = [0, 1, 3]  # one row of each prompt: nothing to share, TRL's forward
+    assert trainer._shared_groups(ids[distinct], mask[distinct], (width,), {}) is None
