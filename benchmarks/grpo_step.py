@@ -27,7 +27,11 @@ huge pages, so the training's fixed mmap threshold faults their memory in 2 MiB 
 (at 4 MiB; today's is 32 MiB, glibc's dynamic maximum, with ``infra.memory.trim_on_growth`` after every step;
 use ``--isolate`` for clean peaks), and ``shared`` (``share_prompt``: the loss forwards each distinct prompt of a
 micro-batch once and its completions on its key/value cache, micro-batches filled one prompt at a time; the same
-gradient up to float order, ``training/rl/shared_prompt.py``).
+gradient up to float order, ``training/rl/shared_prompt.py``), ``ahead`` (``resample_ahead`` 2: dynamic sampling's
+first two extra groups ride in the step's own rollout call, one batch, and what is still needed goes in one more
+call, instead of one call per extra group), ``shared_ahead`` (both) and ``old_steps`` (today's settings with the
+rollouts' decode steps as before session 35: ``torch.multinomial`` sampling and transformers building each step's
+mask; ``training.generation.decode.SAMPLER`` / ``STEP_MASK``), so the engine's own gain is measured in the run.
 Each variant's minor page faults and system CPU seconds per step (``getrusage``, warm-up step included) are printed
 next to its time: the price of the fixed mmap threshold (``infra.memory``).
 Each variant's peak RSS during its measured steps is sampled (every 0.1 s), overall and by the phase it was sampled
@@ -58,7 +62,10 @@ BF16_LABEL = "bf16 (autocast train, bf16 copy rollout)"
 REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
 #: variants applied to ``today`` alone (not cumulative): the memory candidates
-EXTRA = ("ckpt", "micro2", "budget1k", "budget2k", "fixed_heap", "thp", "mmap128k", "mmap4m", "filed", "shared")
+EXTRA = ("ckpt", "micro2", "budget1k", "budget2k", "fixed_heap", "thp", "mmap128k", "mmap4m", "filed", "shared",
+         "ahead", "shared_ahead", "old_steps")
+#: ``resample_ahead`` of the ``ahead`` variants: extra groups rolled out in the step's own rollout call
+AHEAD = 2
 #: ``filed``: the preset's questions, shapes and sampling with the cost settings of the GRPO presets when issue 27
 #: was filed (full fine-tune, fp32, beta 0.001 with a reference model copy, no loss token budget): ``today`` against
 #: it is the "trajectories trained per minute against today's preset settings" ratio, in one run (the engine's code
@@ -79,12 +86,15 @@ def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
         return base.model_copy(update={"gradient_checkpointing": True})
     if name == "shared":
         return base.model_copy(update={"share_prompt": True})
+    if name in ("ahead", "shared_ahead"):
+        return base.model_copy(update={"resample_ahead": AHEAD, "share_prompt": name == "shared_ahead"})
     if name == "micro2":
         return base.model_copy(update={"micro_batch_size": 2})
     if name.startswith("budget"):  # budget1k, budget2k
         return base.model_copy(update={"loss_token_budget": int(name.removeprefix("budget").removesuffix("k")) << 10})
-    if name in ("fixed_heap", "thp", *VARIANT_THRESHOLD):  # today's settings; fixed_heap: run_variant switches
-        return base  # INFERENCE_HEAP off, thp: run_isolated starts the process with VARIANT_ENV, mmap*: run_variant
+    if name in ("fixed_heap", "thp", "old_steps", *VARIANT_THRESHOLD):  # today's settings; run_variant switches
+        return base  # INFERENCE_HEAP off (fixed_heap) or the decode steps (old_steps); thp: run_isolated starts the
+        # process with VARIANT_ENV; mmap*: run_variant
     upd: dict[str, Any] = {}
     for step in ORDER[1: ORDER.index(name) + 1]:
         if step == "lora":
@@ -199,6 +209,11 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
     peak = RSSPeak(clock)
     peak.start()
     infra.memory.INFERENCE_HEAP = name != "fixed_heap"
+    import training.generation.decode as decode
+
+    steps_before = decode.SAMPLER, decode.STEP_MASK
+    if name == "old_steps":
+        decode.SAMPLER, decode.STEP_MASK = "multinomial", "transformers"
     import resource
 
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -207,6 +222,7 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
     finally:
         peak.stop()
         infra.memory.INFERENCE_HEAP = True
+        decode.SAMPLER, decode.STEP_MASK = steps_before
     after = resource.getrusage(resource.RUSAGE_SELF)
     all_steps = warmup + steps
     n = len(clock.steps)
@@ -424,7 +440,7 @@ def main() -> int:
     from training.rewards.adapters import trl_reward_func
     from training.rl.config import RLConfig
     from training.rl.data import default_messages, trl_rows, verl_rows
-    from training.rl.trl_engine import engine_rollout_fn, native_bf16, prompt_rows
+    from training.rl.trl_engine import engine_rollout_fn, native_bf16, prompt_rows, rollout_batch_size
 
     cfg = load_config(RLConfig, args.preset)
     stage = next(s for s in cfg.stages if args.stage in (None, s.name))
@@ -437,7 +453,9 @@ def main() -> int:
     tok = load_tokenizer(model_path)
     protocol = load_protocol(cfg.protocol, top_k=stage.top_k or cfg.top_k, max_turns=stage.max_turns,
                              template=cfg.template)
-    n_q = (args.warmup + args.steps) * base.prompts_per_step
+    # the steps' prompts, and a pool for dynamic sampling's extra groups to be drawn from (64 at least, so that the
+    # extra groups are other questions than the steps', as in a real run)
+    n_q = max(64, (args.warmup + args.steps) * base.prompts_per_step)
     questions = [q for src in cfg.data.train for q in load_benchmark(src, limit=n_q)][:n_q]
     rows = prompt_rows(protocol, trl_rows(verl_rows(questions, default_messages())), tok)
     searcher = open_searcher(cfg.retrieval)
@@ -448,7 +466,7 @@ def main() -> int:
         tcfg = variant_config(base, name, args.lora_rank)
         rollout = engine_rollout_fn(protocol, searcher, RolloutConfig(
             temperature=tcfg.temperature, best_of=1, max_tokens_per_turn=tcfg.max_tokens_per_turn,
-            max_total_tokens=tcfg.max_completion_length, seed=tcfg.seed))
+            max_total_tokens=tcfg.max_completion_length, seed=tcfg.seed), batch_size=rollout_batch_size(tcfg))
         t0 = time.perf_counter()
         results.append(run_variant(name, tcfg, model_path, rows, reward, rollout, out, args.warmup, args.steps))
         print(f"{name}: {results[-1]['step_s']:.1f} s/step, {results[-1]['traj_per_min']:.1f} traj/min "

@@ -27,6 +27,13 @@ questions with the seeds fixed: the expected change of these seeds' runs on such
 resamples the seeds too (with replacement, then the questions), so the spread between seeds widens it; with three
 seeds it is a rough bound. Neither replaces criterion 5, which asks each replicate to resolve on its own: pooling
 says whether a recipe whose runs each sit at the edge of what the held-out set resolves moves the answers on average.
+
+``--gold GOLD_JSONL`` (once per folder, in the folders' order) reads what a run's start policy left to learn: the
+``gold`` condition of ``searchloop run search-value`` on the same checkpoint and questions (the supporting paragraph
+inserted after a scripted first search) against the folder's start and final rows. Per folder: F1 start, with the
+gold paragraph, final; the headroom gold - start, the gain final - start and gold - final, each with its paired
+interval, and the share of the headroom the run took. A seed whose start already searches well leaves a gain too
+small for the held-out set to resolve, whatever RL does (ReSearch's seed 44, session 35).
 """
 
 from __future__ import annotations
@@ -310,6 +317,57 @@ def group_table(folder: str, changes: Sequence[GroupChange]) -> str:
     return "\n".join(lines)
 
 
+class Headroom(BaseModel):
+    """What a run's start policy left to learn on its held-out questions, against what the run took (F1)."""
+
+    folder: str
+    n: int
+    gold_minus_start: PairedDiff
+    final_minus_start: PairedDiff
+    gold_minus_final: PairedDiff
+
+    @property
+    def taken(self) -> float:
+        """Share of the headroom the run took (final - start over gold - start; NaN without headroom)."""
+        room = self.gold_minus_start.diff
+        return self.final_minus_start.diff / room if room > EPS else float("nan")
+
+
+def headroom(folder: str | Path, gold_rows: Sequence[dict[str, Any]], n_resamples: int = 10000,
+             seed: int = 0) -> Headroom:
+    """Gold - start, final - start and gold - final F1 of ``folder`` on the questions the three share.
+
+    Raises:
+        ValueError: the folder lacks a start or final evaluation, or shares no question with ``gold_rows``.
+    """
+    d = Path(folder)
+    if not ((d / "heldout_start.jsonl").is_file() and (d / "heldout_final.jsonl").is_file()):
+        raise ValueError(f"{d} has no heldout_start.jsonl and heldout_final.jsonl; pass an evidence folder")
+    start = {str(r["id"]): float(r["f1"]) for r in _rows(d / "heldout_start.jsonl")}
+    final = {str(r["id"]): float(r["f1"]) for r in _rows(d / "heldout_final.jsonl")}
+    gold = {str(r["id"]): float(r["f1"]) for r in gold_rows}
+    ids = [i for i in start if i in final and i in gold]
+    if not ids:
+        raise ValueError(f"the gold rows share no question id with {d}; pass the search-value rows of its start "
+                         "policy on the same held-out questions")
+    s, f, g = [start[i] for i in ids], [final[i] for i in ids], [gold[i] for i in ids]
+    kw = {"n_resamples": n_resamples, "seed": seed, "field": "f1"}
+    return Headroom(folder=d.name, n=len(ids), gold_minus_start=paired_bootstrap(s, g, **kw),
+                    final_minus_start=paired_bootstrap(s, f, **kw), gold_minus_final=paired_bootstrap(f, g, **kw))
+
+
+def headroom_table(rows: Sequence[Headroom]) -> str:
+    """Markdown table of :func:`headroom` results."""
+    out = ["| evidence | n | F1 start | F1 with the gold paragraph | F1 final | gold − start [95%] | final − start "
+           "[95%] | gold − final [95%] | headroom taken |", "|---|---|---|---|---|---|---|---|---|"]
+    for h in rows:
+        taken = "-" if h.taken != h.taken else f"{h.taken:.0%}"
+        out.append(f"| {h.folder} | {h.n} | {h.gold_minus_start.start:.3f} | {h.gold_minus_start.final:.3f} | "
+                   f"{h.final_minus_start.final:.3f} | {_ci(h.gold_minus_start)} | {_ci(h.final_minus_start)} | "
+                   f"{_ci(h.gold_minus_final)} | {taken} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: evidence folders; prints the markdown table (or ``--json``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -329,7 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", action="store_true",
                     help="pool each recipe folder with its <recipe>__seed<N> replicates among the folders given: the "
                          "change averaged over seeds, intervals over questions and over seeds x questions")
+    ap.add_argument("--gold", type=Path, action="append", default=None, metavar="GOLD_JSONL",
+                    help="search-value gold rows of each folder's start policy, once per folder in the folders' "
+                         "order: prints the headroom table (gold - start, final - start, gold - final)")
     args = ap.parse_args(argv)
+    if args.gold is not None:
+        return _print_headroom(ap, args)
     if args.pool and args.by is not None:
         ap.error("--pool and --by are separate reports; run them one at a time")
     if (args.by is None) != (args.questions is None):
@@ -372,6 +435,27 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({**r.model_dump(), "meets_1_to_4": r.meets_1_to_4}))
     else:
         print(table(results, missing))
+    return 0
+
+
+def _print_headroom(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if len(args.gold) != len(args.folders):
+        ap.error(f"{len(args.gold)} --gold files for {len(args.folders)} folders; pass one --gold per folder, in the "
+                 "same order")
+    out = []
+    for folder, gold in zip(args.folders, args.gold, strict=True):
+        if not gold.is_file():
+            ap.error(f"--gold {gold} does not exist; pass the gold.jsonl that `searchloop run search-value "
+                     "--conditions gold` wrote for that folder's start policy")
+        try:
+            out.append(headroom(folder, _rows(gold), args.resamples))
+        except (ValueError, KeyError, json.JSONDecodeError) as exc:
+            ap.error(f"--gold {gold} with {folder}: {exc}")
+    if args.json:
+        for h in out:
+            print(json.dumps({**h.model_dump(), "taken": h.taken}))
+    else:
+        print(headroom_table(out))
     return 0
 
 

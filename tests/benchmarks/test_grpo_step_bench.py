@@ -73,3 +73,16 @@ def test_shared_variant_turns_on_share_prompt_alone() -> None:
     base = TRLSearchConfig(num_generations=8, prompts_per_step=2, micro_batch_size=4, loss_token_budget=1024)
     assert grpo_step.variant_config(base, "shared") == base.model_copy(update={"share_prompt": True})
     assert "shared" in grpo_step.EXTRA
+
+
+def test_ahead_and_old_steps_variants() -> None:
+    """``ahead``/``shared_ahead`` turn on resample_ahead (and share_prompt); ``old_steps`` keeps today's settings and
+    switches the decode steps back inside run_variant."""
+    from training.rl.config import TRLSearchConfig
+
+    base = TRLSearchConfig(num_generations=8, prompts_per_step=2, resample_flat_groups=4)
+    assert grpo_step.variant_config(base, "ahead") == base.model_copy(update={"resample_ahead": grpo_step.AHEAD})
+    both = grpo_step.variant_config(base, "shared_ahead")
+    assert both.share_prompt and both.resample_ahead == grpo_step.AHEAD
+    assert grpo_step.variant_config(base, "old_steps") == base
+    assert {"ahead", "shared_ahead", "old_steps"} <= set(grpo_step.EXTRA)

@@ -195,3 +195,33 @@ def test_pool_names_what_it_cannot_pool(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         main([str(tmp_path / "alone"), "--pool", "--by", "metadata.relation", "--questions", str(tmp_path / "q")])
     assert "separate reports" in capsys.readouterr().err
+
+
+def test_gold_headroom_against_what_the_run_took(tmp_path, capsys) -> None:
+    """--gold: gold - start is the room the start policy left, final - start what the run took of it."""
+    from evaluation.criteria import headroom
+
+    start = [_row(i, 0.5, 0.5, True, 1.0) for i in range(40)]
+    final = [_row(i, 0.5, 0.5 + 0.2 * (i % 2), True, 1.0) for i in range(40)]  # +0.1 on average
+    gold = [{"id": f"q{i}", "f1": 0.5 + 0.4 * (i % 2)} for i in range(40)] + [{"id": "other", "f1": 1.0}]
+    d = _write(tmp_path / "rec", start, final)
+    h = headroom(d, gold, n_resamples=500)
+    assert h.n == 40 and abs(h.gold_minus_start.diff - 0.2) < 1e-9 and abs(h.final_minus_start.diff - 0.1) < 1e-9
+    assert abs(h.gold_minus_final.diff - 0.1) < 1e-9 and abs(h.taken - 0.5) < 1e-9
+    assert h.gold_minus_start.low > 0
+    g = tmp_path / "gold.jsonl"
+    g.write_text("".join(json.dumps(r) + "\n" for r in gold))
+    assert main([str(d), "--gold", str(g), "--resamples", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "| rec | 40 | 0.500 | 0.700 | 0.600 | +0.200" in out and "| 50% |" in out
+    # one --gold per folder, an existing file, shared questions: each refused with the fix named
+    with pytest.raises(SystemExit):
+        main([str(d), str(d), "--gold", str(g)])
+    assert "one --gold per folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(d), "--gold", str(tmp_path / "missing.jsonl")])
+    assert "does not exist" in capsys.readouterr().err
+    g.write_text(json.dumps({"id": "elsewhere", "f1": 1.0}) + "\n")
+    with pytest.raises(SystemExit):
+        main([str(d), "--gold", str(g)])
+    assert "share no question id" in capsys.readouterr().err

@@ -30,7 +30,34 @@ def _pick(logits: Any, temperature: float, top_p: float) -> Any:
         drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p  # keep the smallest set reaching top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return torch.multinomial(probs, 1).squeeze(-1)
+    return sample_rows(probs) if SAMPLER == "inverse_cdf" else torch.multinomial(probs, 1).squeeze(-1)
+
+
+#: how sampled decode steps draw a token: ``inverse_cdf`` (:func:`sample_rows`, the default from session 35) or
+#: ``multinomial`` (``torch.multinomial``, before). A switch for benchmarks (``benchmarks/grpo_step.py`` variant
+#: ``old_steps``); the two draw from the same distribution with different random streams.
+SAMPLER = "inverse_cdf"
+
+
+def sample_rows(probs: Any) -> Any:
+    """One token per row of ``probs`` (``[B, V]``, non-negative, any positive row sum), drawn by inverting the row's
+    cumulative distribution at one uniform number from torch's global RNG.
+
+    The same distribution as ``torch.multinomial(probs, 1)``, which on a 2-core CPU took 32 ms for 16 rows of
+    SmolLM2's 49,152-token vocabulary (it draws far more random numbers than one per row) against under 1 ms here:
+    about 8% of a GRPO step's rollout (session 35). A token of zero probability is never drawn: the search takes the
+    first index whose cumulative mass exceeds the draw (``right=True``), and a draw rounded up to the row's total
+    falls back to the row's most probable token.
+    """
+    import torch
+
+    cum = probs.double().cumsum(dim=-1)
+    draw = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * cum[:, -1:]
+    tokens = torch.searchsorted(cum, draw, right=True).squeeze(-1)
+    over = tokens >= probs.shape[-1]
+    if bool(over.any()):
+        tokens = torch.where(over, probs.argmax(dim=-1), tokens)
+    return tokens
 
 
 class StopCheck:
@@ -121,7 +148,8 @@ def decode(
         out = model(input_ids=input_ids[:, lc:], attention_mask=mask, position_ids=positions[:, lc:],
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         last = positions[:, -1]
-        with step_attention(model):  # every forward below is a one-token decode step
+        dtype = getattr(model, "dtype", torch.float32)  # the mask's dtype: the embeddings', as eager_mask takes it
+        with step_attention(model) as additive:  # every forward below is a one-token decode step
             while alive:
                 tokens = _pick(out.logits[:, -1, :], temperature, top_p)
                 keep = []
@@ -141,7 +169,8 @@ def decode(
                     alive = [alive[j] for j in keep]
                 mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
                 last = last + 1
-                out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=last[:, None],
+                step_mask = additive_mask(mask, dtype) if additive and STEP_MASK == "additive" else mask
+                out = model(input_ids=tokens[:, None], attention_mask=step_mask, position_ids=last[:, None],
                             past_key_values=cache, use_cache=True)
     return new
 
@@ -152,11 +181,31 @@ def decode(
 DECODE_STEP_ATTENTION = "grouped"
 
 
+#: the mask of decode steps under ``grouped``/``eager`` attention: ``additive`` (:func:`additive_mask`, the default from
+#: session 35) or ``transformers`` (the 2-D mask, from which transformers builds the same 4-D one each step, before).
+#: A switch for benchmarks (``benchmarks/grpo_step.py`` variant ``old_steps``); the outputs are identical.
+STEP_MASK = "additive"
+
+
+def additive_mask(mask: Any, dtype: Any) -> Any:
+    """The 4-D additive mask ``(batch, 1, 1, k_len)`` of a one-token decode step over ``mask`` (``[B, k_len]``, 0 on
+    padding): 0 where a key is attended, the dtype's minimum where not.
+
+    What transformers' ``eager_mask`` builds for such a step (a query attends to every cached key and itself, so the
+    causal part is all true) without its ``vmap`` over the mask function, which took 16 ms a step on a 2-core CPU
+    (about 10% of a GRPO rollout, session 35); transformers passes a 4-D mask through unchanged."""
+    import torch
+
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(mask.bool(), zero, torch.finfo(dtype).min)[:, None, None, :]
+
+
 @contextlib.contextmanager
-def step_attention(model: Any) -> Iterator[None]:
+def step_attention(model: Any) -> Iterator[bool]:
     """Decode steps on CPU run ``grouped_attention`` (the query heads that share a key/value head as one matrix
     product, no copy of the cache) instead of ``sdpa``; prefill keeps ``sdpa`` (``decode`` enters this once, after
-    its prefill, around its step loop).
+    its prefill, around its step loop). Yields True when the steps run ``grouped`` or ``eager`` attention, whose mask
+    is additive and 4-D (``decode`` then passes :func:`additive_mask`), else False (the 2-D mask as before).
 
     Measured on a 2-core AVX512-BF16 CPU (SmolLM2-135M, bf16, 600-token prompts, KV cache;
     ``benchmarks/decode_attention.py``, docs/results/engines/decode_attention.md): sdpa decode steps were the
@@ -169,7 +218,7 @@ def step_attention(model: Any) -> Iterator[None]:
     config = getattr(model, "config", None)
     if (DECODE_STEP_ATTENTION == "sdpa" or getattr(config, "_attn_implementation", None) != "sdpa"
             or getattr(getattr(model, "device", None), "type", "") != "cpu"):
-        yield
+        yield False
         return
     if DECODE_STEP_ATTENTION == "grouped":
         from training.generation.attention import register
@@ -180,7 +229,7 @@ def step_attention(model: Any) -> Iterator[None]:
     else:
         raise ValueError(f"DECODE_STEP_ATTENTION is {DECODE_STEP_ATTENTION!r}; use 'grouped', 'eager' or 'sdpa'")
     try:
-        yield
+        yield True
     finally:
         config._attn_implementation = "sdpa"
 

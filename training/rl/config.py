@@ -58,6 +58,11 @@ class TRLSearchConfig(StrictModel):
         default=0, ge=0, description="Dynamic sampling (DAPO): per step, roll out up to this many extra training "
         "prompts' groups to replace groups whose rollouts all earned the same reward (zero advantage, no gradient); "
         "0: off. Every rollout, replaced or kept, goes to the stage's rollout records.")
+    resample_ahead: int = Field(
+        default=0, ge=0, description="With resample_flat_groups: this many extra groups are drawn before the step's "
+        "rollout and rolled out in the same call (one batch), and when flat groups are left after them the rest of "
+        "the allowance goes in one more call; the same candidates in the same order as one at a time. 0: one extra "
+        "group per rollout call, drawn when a flat group needs it.")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="Completions per forward/backward (gradient accumulation over the step's "
         "prompts_per_step x num_generations); None = the whole step at once. Bounds training memory: 16 ReSearch "
@@ -262,8 +267,8 @@ class RLConfig(StrictModel):
         """Short hash of the preset + overrides (its experiment directory, ``infra.paths.experiment_root``); the
         warm-up SFT's ``timeout_s``, the report-only ``eval.split_by`` and the process layout ``eval.isolate_start``
         are left out, so a re-run may change them and still reuse the directory; so is an unset
-        ``loss_token_budget`` or ``eval.chunk`` and an off ``share_prompt`` (an unset ``prefix_cache_tokens`` is left
-        out of every generator spec's dump)."""
+        ``loss_token_budget`` or ``eval.chunk``, an off ``share_prompt`` and a zero ``resample_ahead`` (an unset
+        ``prefix_cache_tokens`` is left out of every generator spec's dump)."""
         data = self.model_dump(mode="json")
         for runtime_only in ("split_by", "isolate_start"):  # report / process layout only: the run is reused
             data["eval"].pop(runtime_only, None)
@@ -276,6 +281,8 @@ class RLConfig(StrictModel):
                 del stage["trl"]["loss_token_budget"]
             if (stage.get("trl") or {}).get("share_prompt") is False:
                 del stage["trl"]["share_prompt"]
+            if (stage.get("trl") or {}).get("resample_ahead") == 0:
+                del stage["trl"]["resample_ahead"]
         return config_hash(data)[:10]
 
     def eval_normalization(self) -> str:

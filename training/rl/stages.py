@@ -73,6 +73,7 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
         last_checkpoint,
         policy_for_saving,
         prompt_rows,
+        rollout_batch_size,
     )
 
     tcfg = stage.trl
@@ -87,7 +88,8 @@ def train_stage_trl(cfg: RLConfig, stage: StageSpec, data: RLDataRef, init_model
     sink: list = []
     rollout_cfg = RolloutConfig(temperature=tcfg.temperature, best_of=1, max_tokens_per_turn=tcfg.max_tokens_per_turn,
                                 max_total_tokens=tcfg.max_completion_length, seed=tcfg.seed)
-    rollout = engine_rollout_fn(protocol, open_searcher(cfg.retrieval), rollout_cfg, sink=sink)
+    rollout = engine_rollout_fn(protocol, open_searcher(cfg.retrieval), rollout_cfg,
+                                batch_size=rollout_batch_size(tcfg), sink=sink)
     health = health_callback(cfg.health)
     check_reward_options(stage.reward, stage.reward_options)
     reward = trl_reward_func(stage.reward, eos_token_id=tok.eos_token_id, **stage.reward_options)

@@ -40,7 +40,9 @@ Dynamic sampling (DAPO; ``TRLSearchConfig.resample_flat_groups``): a group whose
 has zero advantage and trains nothing, so before TRL scores a step the trainer rolls out its groups, and for each
 flat one rolls out other training prompts' groups (seeded draws, up to the configured number per step) and puts the
 first with a reward spread in its place; the kept rollouts are the ones trained on. It logs ``search/flat_groups``
-(share of the drawn groups without a spread), ``search/extra_groups`` and ``search/replaced_groups``.
+(share of the drawn groups without a spread), ``search/extra_groups`` and ``search/replaced_groups``. One rollout
+call per extra group pays a whole decode loop for a few rows; ``resample_ahead`` rolls the first extra groups out in
+the step's own call (``rollout_batch_size``: one batch) and the rest of the allowance in one more.
 
 Rewards are TRL ``reward_funcs`` (plain functions); they receive the rollout's full response text (generated +
 inserted) as ``completions`` and per-row extras (``finish_reason``, ``num_searches``, ``format_ok``). Search
@@ -177,7 +179,8 @@ def _make_trainer_class() -> type:
         """GRPOTrainer whose completions come from a multi-turn search rollout with a per-token loss mask."""
 
         def __init__(self, *args: Any, rollout_fn: RolloutFn, resample_flat_groups: int = 0,
-                     loss_token_budget: int | None = None, share_prompt: bool = False, **kwargs: Any) -> None:
+                     loss_token_budget: int | None = None, share_prompt: bool = False, resample_ahead: int = 0,
+                     **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.loss_token_budget = loss_token_budget
             self.share_prompt = share_prompt
@@ -186,6 +189,7 @@ def _make_trainer_class() -> type:
             self.rollout_seeds = RolloutSeeds(self.args.seed)
             self._pending_rows: list[dict[str, Any]] | None = None
             self.resample_flat_groups = resample_flat_groups
+            self.resample_ahead = resample_ahead
             self._presampled: list[RolloutSample] | None = None
             self._last_samples: list[RolloutSample] = []
             self._full_attention: Any = None
@@ -244,26 +248,38 @@ def _make_trainer_class() -> type:
             """Dynamic sampling (DAPO): roll out the step's groups; for each group whose rollouts all earned the
             same reward (zero advantage: no gradient), roll out another training prompt's group, up to
             ``resample_flat_groups`` extra groups per step, and put the first ones with a reward spread in the
-            flat groups' places. The kept rollouts are the ones trained on (no second rollout)."""
+            flat groups' places. The kept rollouts are the ones trained on (no second rollout).
+
+            ``resample_ahead`` = 0: one extra group per rollout call, drawn only once a flat group needs it.
+            ``resample_ahead`` = a > 0: ``a`` extra groups ride in the step's own rollout call (one batch: on a
+            CPU a decode step of 32 rows costs far less than two of 16), and if flat groups are left after them,
+            the remaining allowance is rolled out in one more call. The candidates are drawn in the same order
+            either way (``_draw_row``'s seeded attempts 0, 1, ...)."""
             g = self.num_generations
             groups = [list(range(i, i + g)) for i in range(0, len(rows), g)]
             if len(rows) % g or any(len({str(rows[j]["prompt"]) for j in grp}) != 1 for grp in groups):
                 log.warning("dynamic sampling skipped: the step's rows are not consecutive groups of %d", g)
                 return rows
-            samples = self._rollout(rows)
+            limit, ahead = self.resample_flat_groups, min(self.resample_ahead, self.resample_flat_groups)
+            used = {str(r["prompt"]) for r in rows}
+            early = self._draw_groups(used, 0, ahead)
+            every = self._rollout(list(rows) + [r for grp in early for r in grp])
+            samples = every[:len(rows)]
+            queue = [(grp, every[len(rows) + i * g: len(rows) + (i + 1) * g]) for i, grp in enumerate(early)]
+            rolled = len(early)
             rewards = self._total_rewards(rows, samples)
             flat = [grp for grp in groups if float(rewards[grp].max() - rewards[grp].min()) <= 1e-6]
             rows, samples = list(rows), list(samples)
-            n_flat, tried, replaced = len(flat), 0, 0
-            used = {str(r["prompt"]) for r in rows}
-            while flat and tried < self.resample_flat_groups:
-                row = self._draw_row(used, tried)
-                if row is None:
-                    break
-                used.add(str(row["prompt"]))
-                cand_rows = [dict(row) for _ in range(g)]
-                cand = self._rollout(cand_rows)
-                tried += 1
+            n_flat, replaced = len(flat), 0
+            while flat:
+                if not queue:
+                    more = self._draw_groups(used, rolled, (limit - rolled) if ahead else min(1, limit - rolled))
+                    if not more:
+                        break
+                    out = self._rollout([r for grp in more for r in grp])
+                    queue = [(grp, out[i * g:(i + 1) * g]) for i, grp in enumerate(more)]
+                    rolled += len(more)
+                cand_rows, cand = queue.pop(0)
                 r = self._total_rewards(cand_rows, cand)
                 if float(r.max() - r.min()) > 1e-6:
                     for j, idx in enumerate(flat.pop(0)):
@@ -272,9 +288,21 @@ def _make_trainer_class() -> type:
             self._presampled = samples
             metrics = self._metrics["train"]
             metrics["search/flat_groups"].append(n_flat / len(groups))
-            metrics["search/extra_groups"].append(float(tried))
+            metrics["search/extra_groups"].append(float(rolled))
             metrics["search/replaced_groups"].append(float(replaced))
             return rows
+
+        def _draw_groups(self, used: set[str], start: int, n: int) -> list[list[dict[str, Any]]]:
+            """Up to ``n`` candidate groups (``num_generations`` copies of a drawn row each), from ``_draw_row``'s
+            attempts ``start``, ``start + 1``, ...; fewer when the training rows run out."""
+            out = []
+            for attempt in range(start, start + max(0, n)):
+                row = self._draw_row(used, attempt)
+                if row is None:
+                    break
+                used.add(str(row["prompt"]))
+                out.append([dict(row) for _ in range(self.num_generations)])
+            return out
 
         def _draw_row(self, used: set[str], attempt: int) -> dict[str, Any] | None:
             """A training row whose prompt this step has not used, drawn with a generator seeded by the trainer
@@ -551,7 +579,7 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config(cfg),
                callbacks=[*(callbacks or []), progress_callback(), heap_callback()], rollout_fn=rollout_fn,
                resample_flat_groups=cfg.resample_flat_groups, loss_token_budget=cfg.loss_token_budget,
-               share_prompt=cfg.share_prompt)
+               share_prompt=cfg.share_prompt, resample_ahead=cfg.resample_ahead)
 
 
 def heap_callback() -> Any:
@@ -628,6 +656,14 @@ def to_sample(traj: Any, tokenizer: Any) -> RolloutSample:
     return RolloutSample(prompt_ids=prompt_ids, completion_ids=ids, loss_mask=mask, response=traj.response,
                          num_searches=traj.n_searches, finish_reason=traj.finish_reason, format_ok=traj.format_ok,
                          extra={"question_id": traj.question_id, "final_answer": traj.final_answer})
+
+
+def rollout_batch_size(cfg: TRLSearchConfig) -> int:
+    """Generation batch rows of a stage's rollouts: 16, or with ``resample_ahead`` the step's rows plus the groups
+    drawn ahead, so that they decode as one batch."""
+    if not cfg.resample_ahead:
+        return 16
+    return max(16, (cfg.prompts_per_step + min(cfg.resample_ahead, cfg.resample_flat_groups)) * cfg.num_generations)
 
 
 def engine_rollout_fn(protocol: Any, searcher: Any, rollout_cfg: Any, batch_size: int = 16,

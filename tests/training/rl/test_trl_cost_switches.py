@@ -234,3 +234,84 @@ def test_dynamic_sampling_replaces_groups_without_reward_spread(tiny_model, tmp_
     log = [h for h in trainer.state.log_history if "search/flat_groups" in h][-1]
     assert log["search/flat_groups"] == 1.0 and log["search/replaced_groups"] == 0.0
     assert log["search/extra_groups"] == 1.0 and len(calls) == 2  # one extra draw (the other prompt), flat too
+
+
+def _flat_except(spread: set[str], calls: list[list[str]]):
+    """A rollout function whose groups are flat (every rollout alike) except those of the ``spread`` prompts."""
+    def rollout(rows, model, tokenizer, seed=None) -> list[RolloutSample]:
+        calls.append([r["question_id"] for r in rows])
+        out = []
+        for k, r in enumerate(rows):
+            text = f"answer {k}" if r["question_id"] in spread else "answer 0"
+            ids = tokenizer(f" {text} <answer>", add_special_tokens=False)["input_ids"]
+            out.append(RolloutSample(prompt_ids=tokenizer(r["prompt"])["input_ids"], completion_ids=ids,
+                                     loss_mask=[1] * len(ids), response=text, num_searches=1,
+                                     finish_reason="answer", format_ok=True, extra={"final_answer": text}))
+        return out
+    return rollout
+
+
+@pytest.mark.parametrize("spread", [{"q6"}, {"q4", "q6"}, set()])
+def test_resample_ahead_draws_the_same_candidates_in_fewer_calls(tiny_model, tmp_path, spread) -> None:
+    """resample_ahead: the extra groups ride in the step's own rollout call and the rest of the allowance goes in
+    one more call; the candidates, their order, the replacements and the metrics are those of one call per group."""
+    from training.rl.trl_engine import build_trainer
+
+    rows = [{"prompt": f"Question: number {i}?\n", "question": f"number {i}?", "question_id": f"q{i}",
+             "golden_answers": ["x"]} for i in range(1, 7)]
+    seen = {}
+    for ahead in (0, 2):
+        calls: list[list[str]] = []
+        cfg = TRLSearchConfig(num_generations=2, prompts_per_step=2, max_steps=1, save_steps=100, learning_rate=1e-2,
+                              max_completion_length=32, beta=0.0, resample_flat_groups=4, resample_ahead=ahead)
+        trainer = build_trainer(cfg, tiny_model, rows, [_reward], _flat_except(spread, calls),
+                                str(tmp_path / f"out{ahead}"))
+        trainer.train()
+        log = [h for h in trainer.state.log_history if "search/flat_groups" in h][-1]
+        step = calls[0][:4]
+        drawn = [q for call in ([calls[0][4:]] + calls[1:]) for q in call[::2]]  # one id per candidate group
+        metrics = tuple(log[f"search/{k}"] for k in ("flat_groups", "extra_groups", "replaced_groups"))
+        seen[ahead] = (step, drawn, metrics, len(calls))
+    (step0, drawn0, metrics0, n0), (step2, drawn2, metrics2, n2) = seen[0], seen[2]
+    assert step0 == step2 and drawn2[:len(drawn0)] == drawn0  # the same candidates, in the same order
+    assert set(drawn2).isdisjoint(step2) and len(set(drawn2)) == len(drawn2)
+    # the same flat groups and replacements; ahead may have rolled out more candidates than were needed
+    assert metrics2[0] == metrics0[0] and metrics2[2] == metrics0[2] and metrics2[1] == len(drawn2) >= metrics0[1]
+    assert n0 == 1 + len(drawn0)  # one call per extra group
+    assert n2 == (1 if len(drawn2) <= 2 else 2)  # the first two with the step, the rest together
+    if not spread:  # nothing to replace a flat group with: the allowance is spent either way
+        assert metrics0[1] == metrics2[1] == 4.0 and metrics0[2] == 0.0
+
+
+def test_resample_ahead_rolls_out_ahead_even_when_no_group_is_flat(tiny_model, tmp_path) -> None:
+    """With every group spread, the groups drawn ahead were rolled out for nothing (counted as extra groups) and
+    the step trains on its own rows."""
+    from training.rl.trl_engine import build_trainer
+
+    rows = [{"prompt": f"Question: number {i}?\n", "question": f"number {i}?", "question_id": f"q{i}",
+             "golden_answers": ["x"]} for i in range(1, 7)]
+    calls: list[list[str]] = []
+    cfg = TRLSearchConfig(num_generations=2, prompts_per_step=2, max_steps=1, save_steps=100, learning_rate=1e-2,
+                          max_completion_length=32, beta=0.0, resample_flat_groups=4, resample_ahead=2)
+    trainer = build_trainer(cfg, tiny_model, rows, [_reward], _flat_except({f"q{i}" for i in range(1, 7)}, calls),
+                            str(tmp_path / "out"))
+    trainer.train()
+    log = [h for h in trainer.state.log_history if "search/flat_groups" in h][-1]
+    assert len(calls) == 1 and len(calls[0]) == 8
+    assert (log["search/flat_groups"], log["search/extra_groups"], log["search/replaced_groups"]) == (0.0, 2.0, 0.0)
+
+
+def test_resample_ahead_sets_the_rollout_batch_and_leaves_the_run_key_alone_when_off() -> None:
+    from infra.config import load_config
+    from training.rl.config import RLConfig
+    from training.rl.trl_engine import rollout_batch_size
+
+    base = load_config(RLConfig, "research_hops_learn_cpu", [])
+    off = load_config(RLConfig, "research_hops_learn_cpu", ["stages.grpo.trl.resample_ahead=0"])
+    on = load_config(RLConfig, "research_hops_learn_cpu", ["stages.grpo.trl.resample_ahead=2"])
+    assert base.key() == off.key() != on.key()  # the runs from before the switch keep their folders
+    t = base.stages[0].trl
+    assert rollout_batch_size(t) == 16
+    assert rollout_batch_size(on.stages[0].trl) == (t.prompts_per_step + 2) * t.num_generations
+    capped = on.stages[0].trl.model_copy(update={"resample_flat_groups": 1})
+    assert rollout_batch_size(capped) == max(16, (t.prompts_per_step + 1) * t.num_generations)
