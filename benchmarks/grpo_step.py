@@ -32,6 +32,9 @@ first two extra groups ride in the step's own rollout call, one batch, and what 
 call, instead of one call per extra group), ``shared_ahead`` (both) and ``old_steps`` (today's settings with the
 rollouts' decode steps as before session 35: ``torch.multinomial`` sampling and transformers building each step's
 mask; ``training.generation.decode.SAMPLER`` / ``STEP_MASK``), so the engine's own gain is measured in the run.
+Dynamic sampling (``resample_flat_groups``) rolls out extra groups for the steps' flat ones, as many as chance
+makes flat: each variant's mean extra groups per measured step and its rollout seconds per trajectory rolled out
+(the step's and the extra ones) are printed, so a variant that drew more flat groups is read as such.
 Each variant's minor page faults and system CPU seconds per step (``getrusage``, warm-up step included) are printed
 next to its time: the price of the fixed mmap threshold (``infra.memory``).
 Each variant's peak RSS during its measured steps is sampled (every 0.1 s), overall and by the phase it was sampled
@@ -235,9 +238,11 @@ def run_variant(name: str, tcfg: Any, model_path: str, rows: list[dict], reward:
              "policy forward/backward": max(0.0, train - gen), "optimizer": p.get("optimizer", 0.0)}
     parts["other"] = max(0.0, step - sum(parts.values()))
     trajs = cfg.prompts_per_step * cfg.num_generations
+    extra = [h["search/extra_groups"] for h in trainer.state.log_history if "search/extra_groups" in h][warmup:]
     trainable = sum(x.numel() for x in trainer.model.parameters() if x.requires_grad)
     return {"name": name, "step_s": step, "parts": parts, "traj_per_min": 60 * trajs / step,
             "tokens_per_traj": sum(clock.tokens) / max(1, len(clock.tokens)), "trainable": trainable,
+            "extra_groups": sum(extra) / len(extra) if extra else 0.0,
             "ref_model": trainer.ref_model is not None, "cfg": cfg, "peak_rss_gb": peak.peak / 1e9,
             "peak_rss_gb_by_phase": {k: v / 1e9 for k, v in peak.by_phase.items()},
             "minflt_per_step": (after.ru_minflt - before.ru_minflt) / all_steps,
@@ -321,7 +326,7 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
              f"Command: `{command}`", "",
              f"Preset step: {c.prompts_per_step} prompts x {c.num_generations} generations = "
              f"{c.prompts_per_step * c.num_generations} trajectories, micro_batch_size={c.micro_batch_size}, "
-             f"loss_token_budget={c.loss_token_budget}, "
+             f"loss_token_budget={c.loss_token_budget}, resample_flat_groups={c.resample_flat_groups}, "
              f"beta={c.beta}, max_completion_length={c.max_completion_length}, "
              f"max_tokens_per_turn={c.max_tokens_per_turn}. {warmup} warm-up step(s) then {steps} measured step(s) "
              "per variant (mean seconds per measured step).", "",
@@ -331,8 +336,8 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
              f", after {tuple(round(x, 2) for x in env_after['load_1_5_15'])}.", "",
              "| variant | dtype | LoRA | beta | ref model copy | rollout s | reference fwd s | policy fwd/bwd s | "
              "optimizer s | other s | step s | tokens/traj | trajectories/min | x today | peak RSS GB (steps) | "
-             "minor faults / step | system CPU s / step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "minor faults / step | system CPU s / step | extra groups / step | rollout s / trajectory rolled out |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         c, p = r["cfg"], r["parts"]
         lines.append(
@@ -341,7 +346,9 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
             f"{p['reference forward']:.1f} | {p['policy forward/backward']:.1f} | {p['optimizer']:.2f} | "
             f"{p['other']:.1f} | {r['step_s']:.1f} | {r['tokens_per_traj']:.0f} | {r['traj_per_min']:.1f} | "
             f"{r['traj_per_min'] / base['traj_per_min']:.2f} | {r.get('peak_rss_gb', float('nan')):.2f} | "
-            f"{r.get('minflt_per_step', float('nan')):,.0f} | {r.get('sys_s_per_step', float('nan')):.1f} |")
+            f"{r.get('minflt_per_step', float('nan')):,.0f} | {r.get('sys_s_per_step', float('nan')):.1f} | "
+            f"{r.get('extra_groups', 0.0):.2f} | "
+            f"{p['rollout'] / (c.num_generations * (c.prompts_per_step + r.get('extra_groups', 0.0))):.2f} |")
     phases = ("rollout", "scoring", "loss forward/backward", "optimizer", "between steps")
     lines += ["", "Peak RSS (GB) by the phase of the measured steps it was sampled in (every 0.1 s):", "",
               "| variant | " + " | ".join(phases) + " |", "|---|" + "---|" * len(phases)]
@@ -388,6 +395,8 @@ def run_isolated(args: argparse.Namespace, names: list[str]) -> int:
                 cmd += ["--stage", args.stage]
             if args.model:
                 cmd += ["--model", args.model]
+            if args.no_dynamic_sampling:
+                cmd += ["--no-dynamic-sampling"]
             subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(REPO), **VARIANT_ENV.get(name, {})))
             for r in json.loads(out.read_text()):
                 env_before = env_before or r.pop("env")
@@ -416,6 +425,9 @@ def main() -> int:
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--out", default=None, help="also write the markdown report here")
     parser.add_argument("--isolate", action="store_true", help="every variant in a fresh process (clean peaks)")
+    parser.add_argument("--no-dynamic-sampling", action="store_true",
+                        help="resample_flat_groups 0 in every variant: each step rolls out its own 16 trajectories "
+                             "only, so the variants' costs are compared without the chance of drawing flat groups")
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)  # one variant, its result as JSON
     args = parser.parse_args()
     names = [v for v in args.variants.split(",") if v]
@@ -424,6 +436,8 @@ def main() -> int:
     if args.child_out is None and not args.isolate and set(names) & set(VARIANT_ENV):
         parser.error(f"variants {sorted(set(names) & set(VARIANT_ENV))} set environment variables at process start: "
                      "add --isolate")
+    if args.no_dynamic_sampling and set(names) & {"ahead", "shared_ahead"}:
+        parser.error("--no-dynamic-sampling leaves the ahead variants nothing to roll out ahead; drop one of them")
     if args.isolate and args.child_out is None:
         return run_isolated(args, names)
 
@@ -445,6 +459,8 @@ def main() -> int:
     cfg = load_config(RLConfig, args.preset)
     stage = next(s for s in cfg.stages if args.stage in (None, s.name))
     base = stage.trl
+    if args.no_dynamic_sampling:
+        base = base.model_copy(update={"resample_flat_groups": 0})
     if not native_bf16():
         names = [v for v in names if v in EXTRA or ORDER.index(v) != ORDER.index("bf16")]
         print("no native bf16 here (avx512_bf16/amx_bf16): bf16 variants skipped", file=sys.stderr)
