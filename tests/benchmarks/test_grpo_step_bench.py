@@ -86,3 +86,12 @@ def test_ahead_and_old_steps_variants() -> None:
     assert both.share_prompt and both.resample_ahead == grpo_step.AHEAD
     assert grpo_step.variant_config(base, "old_steps") == base
     assert {"ahead", "shared_ahead", "old_steps"} <= set(grpo_step.EXTRA)
+
+
+def test_no_dynamic_sampling_refuses_the_ahead_variants(monkeypatch, capsys) -> None:
+    import pytest
+
+    monkeypatch.setattr("sys.argv", ["grpo_step.py", "--variants", "today,shared_ahead", "--no-dynamic-sampling"])
+    with pytest.raises(SystemExit):
+        grpo_step.main()
+    assert "nothing to roll out ahead" in capsys.readouterr().err
