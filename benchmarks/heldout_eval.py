@@ -20,6 +20,8 @@ from the 210. Each variant changes only the generator's settings and runs the sa
 - ``eager_steps`` / ``fp32_eager_steps``: today's settings (bf16 / fp32) with transformers' eager attention at
   every decode step, as the engine ran from session 15 until session 30 switched decode steps to grouped attention
   (``training.generation.attention``); ``fp32`` against ``fp32_eager_steps`` is the grouped steps' numerical check;
+- ``mask_steps``: today's settings with transformers building each decode step's 4-D mask from the 2-D one, as the
+  engine ran until session 35 (``training.generation.decode.STEP_MASK``; the answers are identical);
 - ``session14``: the evaluation as the CLI ran it until session 15: sdpa decode steps and glibc's mmap threshold
   fixed at 128 KiB (``infra.memory``). The threshold cannot be unset, so this variant must come last; and since
   glibc still serves large requests from heap memory the earlier variants freed, it understates the old cost (a
@@ -59,7 +61,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("today", "batch64", "chunk64", "batch64_chunk64", "chunk64_cache16k", "fp32", "vllm", "sdpa_steps",
             "fp32_sdpa_steps", "eager_steps", "fp32_eager_steps", "no_growth_trim", "trained", "trained_heap",
-            "trained_heap_no_growth_trim", "session14", "thp", "trained_heap_thp")
+            "trained_heap_no_growth_trim", "session14", "thp", "trained_heap_thp", "mask_steps")
 #: variants that fix glibc's mmap threshold for the rest of the process (they come last)
 FIXING = ("trained", "trained_heap", "trained_heap_no_growth_trim", "session14", "trained_heap_thp")
 #: variants whose process starts with ``THP_MEM_ALLOC_ENABLE=1`` (``--isolate`` only)
@@ -89,7 +91,7 @@ def variant_generator(base: Any, name: str) -> Any | None:
     if name in ("fp32", "fp32_sdpa_steps", "fp32_eager_steps"):
         return base.model_copy(update={"dtype": "float32"})
     if name in ("sdpa_steps", "eager_steps", "session14", "trained", "trained_heap", "no_growth_trim",
-                "trained_heap_no_growth_trim", *THP):
+                "trained_heap_no_growth_trim", "mask_steps", *THP):
         return base
     if name == "vllm":
         if not (REPO / ".venv-vllm" / "bin" / "python").exists():
@@ -124,6 +126,7 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
     if name in FIXING:  # the CLI until session 15, and an RL flow after its training (irreversible)
         infra.memory.fix_mmap_threshold(infra.memory.DEFAULT_THRESHOLD)
     decode.DECODE_STEP_ATTENTION = "sdpa" if name in SDPA_STEPS else "eager" if name in EAGER_STEPS else "grouped"
+    decode.STEP_MASK = "transformers" if name == "mask_steps" else "additive"
     infra.memory.INFERENCE_HEAP = name.startswith("trained_heap")  # a no-op where the threshold is not fixed
     growth_trim = infra.memory.GROWTH_TRIM_BYTES
     if name in NO_GROWTH_TRIM:
@@ -136,6 +139,7 @@ def run_variant(name: str, spec: Any, ecfg: Any, questions: list[Any], searcher:
             seconds = time.perf_counter() - t0
     finally:
         decode.DECODE_STEP_ATTENTION = "grouped"
+        decode.STEP_MASK = "additive"
         infra.memory.INFERENCE_HEAP = True
         infra.memory.GROWTH_TRIM_BYTES = growth_trim
     close = getattr(generator, "close", None)
