@@ -59,10 +59,10 @@ class TRLSearchConfig(StrictModel):
         "prompts' groups to replace groups whose rollouts all earned the same reward (zero advantage, no gradient); "
         "0: off. Every rollout, replaced or kept, goes to the stage's rollout records.")
     resample_ahead: int = Field(
-        default=0, ge=0, description="With resample_flat_groups: this many extra groups are drawn before the step's "
-        "rollout and rolled out in the same call (one batch), and when flat groups are left after them the rest of "
-        "the allowance goes in one more call; the same candidates in the same order as one at a time. 0: one extra "
-        "group per rollout call, drawn when a flat group needs it.")
+        default=0, ge=0, description="At most resample_flat_groups: this many of dynamic sampling's extra groups "
+        "are drawn before the step's rollout and rolled out in the same call (one batch), and when flat groups are "
+        "left after them the rest of the allowance goes in one more call; the same candidates in the same order as "
+        "one at a time. 0: one extra group per rollout call, drawn when a flat group needs it.")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="Completions per forward/backward (gradient accumulation over the step's "
         "prompts_per_step x num_generations); None = the whole step at once. Bounds training memory: 16 ReSearch "
@@ -85,6 +85,14 @@ class TRLSearchConfig(StrictModel):
         if self.micro_batch_size is not None and step % self.micro_batch_size:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step x "
                              f"num_generations = {step}")
+        return self
+
+    @model_validator(mode="after")
+    def _resample_ahead_within_the_allowance(self) -> TRLSearchConfig:
+        if self.resample_ahead > self.resample_flat_groups:
+            raise ValueError(f"resample_ahead={self.resample_ahead} rolls out more extra groups ahead than dynamic "
+                             f"sampling may use (resample_flat_groups={self.resample_flat_groups}): set "
+                             "resample_ahead at most resample_flat_groups, or 0")
         return self
 
     @model_validator(mode="after")

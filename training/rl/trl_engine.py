@@ -251,16 +251,16 @@ def _make_trainer_class() -> type:
             flat groups' places. The kept rollouts are the ones trained on (no second rollout).
 
             ``resample_ahead`` = 0: one extra group per rollout call, drawn only once a flat group needs it.
-            ``resample_ahead`` = a > 0: ``a`` extra groups ride in the step's own rollout call (one batch: on a
-            CPU a decode step of 32 rows costs far less than two of 16), and if flat groups are left after them,
-            the remaining allowance is rolled out in one more call. The candidates are drawn in the same order
+            ``resample_ahead`` = a > 0: ``a`` extra groups ride in the step's own rollout call (one batch, so
+            they share its decode loops instead of paying their own), and if flat groups are left after them, the
+            remaining allowance is rolled out in one more call. The candidates are drawn in the same order
             either way (``_draw_row``'s seeded attempts 0, 1, ...)."""
             g = self.num_generations
             groups = [list(range(i, i + g)) for i in range(0, len(rows), g)]
             if len(rows) % g or any(len({str(rows[j]["prompt"]) for j in grp}) != 1 for grp in groups):
                 log.warning("dynamic sampling skipped: the step's rows are not consecutive groups of %d", g)
                 return rows
-            limit, ahead = self.resample_flat_groups, min(self.resample_ahead, self.resample_flat_groups)
+            limit, ahead = self.resample_flat_groups, self.resample_ahead  # ahead <= limit (TRLSearchConfig)
             used = {str(r["prompt"]) for r in rows}
             early = self._draw_groups(used, 0, ahead)
             every = self._rollout(list(rows) + [r for grp in early for r in grp])
@@ -658,15 +658,19 @@ def to_sample(traj: Any, tokenizer: Any) -> RolloutSample:
                          extra={"question_id": traj.question_id, "final_answer": traj.final_answer})
 
 
+#: generation batch rows of a stage's rollouts (``engine_rollout_fn``)
+ROLLOUT_BATCH = 16
+
+
 def rollout_batch_size(cfg: TRLSearchConfig) -> int:
-    """Generation batch rows of a stage's rollouts: 16, or with ``resample_ahead`` the step's rows plus the groups
-    drawn ahead, so that they decode as one batch."""
+    """Generation batch rows of a stage's rollouts: ``ROLLOUT_BATCH``, or with ``resample_ahead`` at least the step's
+    rows plus the groups drawn ahead, so that they decode as one batch."""
     if not cfg.resample_ahead:
-        return 16
-    return max(16, (cfg.prompts_per_step + min(cfg.resample_ahead, cfg.resample_flat_groups)) * cfg.num_generations)
+        return ROLLOUT_BATCH
+    return max(ROLLOUT_BATCH, (cfg.prompts_per_step + cfg.resample_ahead) * cfg.num_generations)
 
 
-def engine_rollout_fn(protocol: Any, searcher: Any, rollout_cfg: Any, batch_size: int = 16,
+def engine_rollout_fn(protocol: Any, searcher: Any, rollout_cfg: Any, batch_size: int = ROLLOUT_BATCH,
                       sink: list | None = None) -> RolloutFn:
     """A :data:`RolloutFn` running ``training.agent.rollout.run_rollouts`` with the live policy.
 

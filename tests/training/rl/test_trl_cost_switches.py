@@ -313,5 +313,8 @@ def test_resample_ahead_sets_the_rollout_batch_and_leaves_the_run_key_alone_when
     t = base.stages[0].trl
     assert rollout_batch_size(t) == 16
     assert rollout_batch_size(on.stages[0].trl) == (t.prompts_per_step + 2) * t.num_generations
-    capped = on.stages[0].trl.model_copy(update={"resample_flat_groups": 1})
-    assert rollout_batch_size(capped) == max(16, (t.prompts_per_step + 1) * t.num_generations)
+    # more groups ahead than dynamic sampling may roll out, or ahead without it: refused with the fix named
+    for flat in (1, 0):
+        with pytest.raises(ValueError, match="resample_ahead at most resample_flat_groups"):
+            TRLSearchConfig(resample_flat_groups=flat, resample_ahead=2)
+    assert TRLSearchConfig(resample_flat_groups=2, resample_ahead=2).resample_ahead == 2
