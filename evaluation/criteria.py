@@ -392,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
                          "order: prints the headroom table (gold - start, final - start, gold - final)")
     args = ap.parse_args(argv)
     if args.gold is not None:
+        if args.pool or args.by is not None or args.ids is not None:
+            ap.error("--gold is a report of its own (every question the folder and its gold rows share); run it "
+                     "without --pool, --by and --ids")
         return _print_headroom(ap, args)
     if args.pool and args.by is not None:
         ap.error("--pool and --by are separate reports; run them one at a time")

@@ -221,6 +221,9 @@ def test_gold_headroom_against_what_the_run_took(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         main([str(d), "--gold", str(tmp_path / "missing.jsonl")])
     assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(d), "--gold", str(g), "--pool"])
+    assert "report of its own" in capsys.readouterr().err
     g.write_text(json.dumps({"id": "elsewhere", "f1": 1.0}) + "\n")
     with pytest.raises(SystemExit):
         main([str(d), "--gold", str(g)])
