@@ -95,3 +95,12 @@ def test_no_dynamic_sampling_refuses_the_ahead_variants(monkeypatch, capsys) -> 
     with pytest.raises(SystemExit):
         grpo_step.main()
     assert "nothing to roll out ahead" in capsys.readouterr().err
+
+
+def test_decode_step_parts_checks_the_masks_equal_and_prints_both_ratios(capsys) -> None:
+    import decode_step_parts  # benchmarks/ is on sys.path (above)
+
+    assert decode_step_parts.main(["--threads", "1", "--rows", "2", "--vocab", "64", "--keys", "8",
+                                   "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| draw a token per row |" in out and "| decode step mask |" in out and out.count("x |") == 2

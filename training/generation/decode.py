@@ -43,9 +43,9 @@ def sample_rows(probs: Any) -> Any:
     """One token per row of ``probs`` (``[B, V]``, non-negative, any positive row sum), drawn by inverting the row's
     cumulative distribution at one uniform number from torch's global RNG.
 
-    The same distribution as ``torch.multinomial(probs, 1)``, which on a 2-core CPU took 32 ms for 16 rows of
-    SmolLM2's 49,152-token vocabulary (it draws far more random numbers than one per row) against under 1 ms here:
-    about 8% of a GRPO step's rollout (session 35). A token of zero probability is never drawn: the search takes the
+    The same distribution as ``torch.multinomial(probs, 1)``, which on a 2-core CPU took 28 ms for 16 rows of
+    SmolLM2's 49,152-token vocabulary against 4.9 ms here, most of it the float64 cumulative sums
+    (``benchmarks/decode_step_parts.py``, session 35). A token of zero probability is never drawn: the search takes the
     first index whose cumulative mass exceeds the draw (``right=True``), and a draw rounded up to the row's total
     falls back to the row's most probable token.
     """
@@ -192,8 +192,9 @@ def additive_mask(mask: Any, dtype: Any) -> Any:
     padding): 0 where a key is attended, the dtype's minimum where not.
 
     What transformers' ``eager_mask`` builds for such a step (a query attends to every cached key and itself, so the
-    causal part is all true) without its ``vmap`` over the mask function, which took 16 ms a step on a 2-core CPU
-    (about 10% of a GRPO rollout, session 35); transformers passes a 4-D mask through unchanged."""
+    causal part is all true) without its ``vmap`` over the mask function: 4.5 ms a call against 0.04 ms on a 2-core
+    CPU for 16 rows of 400 keys (``benchmarks/decode_step_parts.py``, session 35); transformers passes a 4-D mask
+    through unchanged."""
     import torch
 
     zero = torch.zeros((), dtype=dtype, device=mask.device)
