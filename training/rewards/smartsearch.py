@@ -1,5 +1,5 @@
 """SmartSearch's reward (``compute_score_with_format``) with pluggable per-round scorers (redundancy rule,
-usefulness judge)."""
+usefulness judge, and :class:`AnswerInResult`, the rule judge's answer test on the result text alone)."""
 
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from evaluation.metrics import f1_score
+from evaluation.metrics import f1_score, normalize_answer
 from training.protocols import research as research_protocol
 from training.protocols import smartsearch as smartsearch_protocol
 from training.protocols.base import last_boxed
@@ -65,6 +65,31 @@ class JudgeVerdicts:
         return [None if v is None else v == 1 for v in self.verdicts]
 
 
+def contains_answer(texts: Sequence[str], golds: Sequence[str]) -> str | None:
+    """The first gold answer found, as whole words, in the normalised ``texts`` (``yes``/``no`` never match)."""
+    hay = " " + " ".join(normalize_answer(t) for t in texts) + " "
+    for g in golds:
+        n = normalize_answer(g)
+        if n and n not in {"yes", "no"} and f" {n} " in hay:
+            return g
+    return None
+
+
+@dataclass(frozen=True)
+class AnswerInResult:
+    """The rule judge's answer test as a :class:`RoundScorer`, read from the response text alone: a round is good
+    when its ``<result>`` block contains a gold answer (whole words after SQuAD normalisation; ``yes``/``no`` golds
+    never match), else bad. A gold-informed stand-in for SmartSearch's usefulness judge (the seed's PRM also sees
+    the golden answer and asks whether the round's result answers its query intent), NOT that judge: it never reads
+    the query's intent. ``training.smartsearch.judge.RuleJudge`` adds the gold-paragraph test where document ids are
+    known. The reward option ``answer_judge`` adds it to the redundancy rule (RL presets without a judge endpoint)."""
+
+    def __call__(self, question: str, response: str, golds: Sequence[str]) -> list[bool | None]:
+        """One verdict per ``<result>`` block (see :class:`RoundScorer`)."""
+        return [contains_answer([block.replace("result: ", "")], golds) is not None
+                for block in re.findall(r"<result>(.*?)</result>", response, re.DOTALL)]
+
+
 def smartsearch_round_prefixes(response: str) -> list[str]:
     """Cumulative prefixes of the response, each ending at one ``</result>`` (what the PRM judges)."""
     return [response[: m.end()] for m in re.finditer(r"</result>", response)]
@@ -99,6 +124,7 @@ def smartsearch_reward(
     question: str = "",
     scorers: Sequence[RoundScorer] = (RedundancyRule(),),
     prefixed: bool = False,
+    answer_judge: bool = False,
 ) -> RewardBreakdown:
     """SmartSearch GRPO reward: outcome + process adjustment + format, zeroed by ``</search<``.
 
@@ -113,8 +139,12 @@ def smartsearch_reward(
             when one is served.
         prefixed: True when ``response`` already starts with that ``<think>`` (the seed's slice at the fourth
             ``<think>``, see :func:`smartsearch_split`); otherwise it is prepended, as the seed's slice includes it.
+        answer_judge: also judge every round with :class:`AnswerInResult` (a round is bad when its result holds no
+            gold answer): the rule stand-in for the usefulness judge where no judge verdicts reach the reward.
     """
     golds = as_golds(golds)
+    if answer_judge:
+        scorers = (*scorers, AnswerInResult())
     text = response if prefixed else smartsearch_protocol.GENERATION_PREFIX + response
     f1 = f1_score(last_boxed(text) or "", golds)
     correct = f1 >= 0.8

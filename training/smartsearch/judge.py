@@ -33,9 +33,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evaluation.metrics import normalize_answer
 from training.protocols.smartsearch import GENERATION_PREFIX
-from training.rewards.smartsearch import smartsearch_redundancy, smartsearch_round_prefixes
+from training.rewards.smartsearch import contains_answer, smartsearch_redundancy, smartsearch_round_prefixes
 from training.smartsearch.config import JudgeSpec
 from training.smartsearch.endpoint import EndpointClient
 
@@ -218,16 +217,6 @@ class GoldSupport:
         return entry[1] if entry else []
 
 
-def _contains_answer(texts: Sequence[str], golds: Sequence[str]) -> str | None:
-    """The first gold answer found, as whole words, in the normalised ``texts`` (``yes``/``no`` never match)."""
-    hay = " " + " ".join(normalize_answer(t) for t in texts) + " "
-    for g in golds:
-        n = normalize_answer(g)
-        if n and n not in {"yes", "no"} and f" {n} " in hay:
-            return g
-    return None
-
-
 _RESULT = re.compile(r"<result>(.*?)</result>", re.DOTALL)
 
 
@@ -252,7 +241,7 @@ class RuleJudge:
         hit = [d for d in doc_ids if d in set(gold_ids)]
         if hit:
             return 1, f"rule judge: the round retrieved gold supporting paragraph(s) {', '.join(hit)}."
-        answer = _contains_answer(doc_texts, golds)
+        answer = contains_answer(doc_texts, golds)
         if answer is not None:
             return 1, f"rule judge: the round's documents contain the gold answer {answer!r}."
         return 0, ("rule judge: the round's documents contain neither a gold answer nor a gold supporting "

@@ -11,6 +11,7 @@ from training.protocols.base import last_boxed
 from training.protocols.r1searcher import format_violations as r1searcher_format_violations
 from training.protocols.research import validate as research_format
 from training.rewards import (
+    AnswerInResult,
     RedundancyRule,
     r1searcher_stage1_reward,
     r1searcher_stage2_reward,
@@ -24,6 +25,7 @@ from training.rewards import (
     smartsearch_round_prefixes,
     smartsearch_split,
 )
+from training.rewards.adapters import check_reward_options
 
 EOS = "<|im_end|>"
 
@@ -273,6 +275,23 @@ def test_smartsearch_format_and_malformed_tag() -> None:
         return [False]
     two = _smart([[DOC_A], [DOC_B]], "Lyon")
     assert smartsearch_reward(two, ["Paris"], scorers=[short]).score == pytest.approx(0.3)
+
+
+def test_smartsearch_answer_judge_rewards_rounds_that_found_the_answer() -> None:
+    # AnswerInResult: a round is good when its result block holds a gold answer (whole words, normalised)
+    assert AnswerInResult()("", _smart([[DOC_B], [DOC_A]], "x"), ["paris"]) == [False, True]
+    assert AnswerInResult()("", _smart([[DOC_A]], "x"), ["yes"]) == [False]  # yes/no never match a document
+    # wrong answer: the redundancy rule alone counts the round good (0.1); the answer judge only when it found Paris
+    found, missed = _smart([[DOC_A]], "Lyon"), _smart([[DOC_B]], "Lyon")
+    assert smartsearch_reward(found, ["Paris"], answer_judge=True).score == pytest.approx(0.2)
+    assert smartsearch_reward(missed, ["Paris"], answer_judge=True).score == pytest.approx(0.1)
+    assert smartsearch_reward(missed, ["Paris"]).score == pytest.approx(0.2)
+    # correct answer from a round that missed it (answered from memory): 1 - 0.1 + 0.1 format
+    lucky = _smart([[DOC_B]], "Paris")
+    r = smartsearch_reward(lucky, ["Paris"], answer_judge=True)
+    assert r.score == pytest.approx(1.0) and r.parts["bad_rounds"] == 1.0
+    assert smartsearch_reward(_smart([[DOC_A]], "Paris"), ["Paris"], answer_judge=True).score == pytest.approx(1.1)
+    check_reward_options("smartsearch", {"answer_judge": True})
 
 
 def test_smartsearch_split_full_sequence() -> None:
