@@ -29,7 +29,9 @@ use ``--isolate`` for clean peaks), and ``shared`` (``share_prompt``: the loss f
 micro-batch once and its completions on its key/value cache, micro-batches filled one prompt at a time; the same
 gradient up to float order, ``training/rl/shared_prompt.py``), ``ahead`` (``resample_ahead`` 2: dynamic sampling's
 first two extra groups ride in the step's own rollout call, one batch, and what is still needed goes in one more
-call, instead of one call per extra group), ``shared_ahead`` (both) and ``old_steps`` (today's settings with the
+call, instead of one call per extra group), ``shared_ahead`` (both), ``shared_grouped`` (``shared`` with
+``loss_attention: grouped``: the loss's forward/backward with plain-matrix-product grouped attention instead of
+PyTorch's CPU flash attention) and ``old_steps`` (today's settings with the
 rollouts' decode steps as before session 35: ``torch.multinomial`` sampling and transformers building each step's
 mask; ``training.generation.decode.SAMPLER`` / ``STEP_MASK``), so the engine's own gain is measured in the run.
 Dynamic sampling (``resample_flat_groups``) rolls out extra groups for the steps' flat ones, as many as chance
@@ -66,7 +68,7 @@ REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
 #: variants applied to ``today`` alone (not cumulative): the memory candidates
 EXTRA = ("ckpt", "micro2", "budget1k", "budget2k", "fixed_heap", "thp", "mmap128k", "mmap4m", "filed", "shared",
-         "ahead", "shared_ahead", "old_steps")
+         "ahead", "shared_ahead", "old_steps", "shared_grouped")
 #: ``resample_ahead`` of the ``ahead`` variants: extra groups rolled out in the step's own rollout call
 AHEAD = 2
 #: ``filed``: the preset's questions, shapes and sampling with the cost settings of the GRPO presets when issue 27
@@ -89,6 +91,8 @@ def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
         return base.model_copy(update={"gradient_checkpointing": True})
     if name == "shared":
         return base.model_copy(update={"share_prompt": True})
+    if name == "shared_grouped":
+        return base.model_copy(update={"share_prompt": True, "loss_attention": "grouped"})
     if name in ("ahead", "shared_ahead"):
         return base.model_copy(update={"resample_ahead": AHEAD, "share_prompt": name == "shared_ahead"})
     if name == "micro2":

@@ -78,6 +78,11 @@ class TRLSearchConfig(StrictModel):
         "its key/value cache (training/rl/shared_prompt.py; the same log-probs and gradient up to float order), with "
         "the step's rows put in micro-batches one prompt at a time (loss types grpo and dr_grpo; bnpo keeps TRL's "
         "order). False: TRL's forward of every row's prompt + completion.")
+    loss_attention: Literal["model", "grouped"] = Field(
+        default="model", description="Attention of the loss's forward/backward. model: the model's own (sdpa). "
+        "grouped: training.generation.attention.grouped_attention (plain matrix products, the query heads of a "
+        "key/value head as one product) where the model runs sdpa on CPU; the same values up to float order, and "
+        "PyTorch's CPU flash-attention backward is avoided. Elsewhere nothing changes.")
 
     @model_validator(mode="after")
     def _micro_batch_divides_the_step(self) -> TRLSearchConfig:
@@ -275,7 +280,8 @@ class RLConfig(StrictModel):
         """Short hash of the preset + overrides (its experiment directory, ``infra.paths.experiment_root``); the
         warm-up SFT's ``timeout_s``, the report-only ``eval.split_by`` and the process layout ``eval.isolate_start``
         are left out, so a re-run may change them and still reuse the directory; so is an unset
-        ``loss_token_budget`` or ``eval.chunk``, an off ``share_prompt`` and a zero ``resample_ahead`` (an unset
+        ``loss_token_budget`` or ``eval.chunk``, an off ``share_prompt``, a zero ``resample_ahead`` and the model's own
+        ``loss_attention`` (an unset
         ``prefix_cache_tokens`` is left out of every generator spec's dump)."""
         data = self.model_dump(mode="json")
         for runtime_only in ("split_by", "isolate_start"):  # report / process layout only: the run is reused
@@ -291,6 +297,8 @@ class RLConfig(StrictModel):
                 del stage["trl"]["share_prompt"]
             if (stage.get("trl") or {}).get("resample_ahead") == 0:
                 del stage["trl"]["resample_ahead"]
+            if (stage.get("trl") or {}).get("loss_attention") == "model":
+                del stage["trl"]["loss_attention"]
         return config_hash(data)[:10]
 
     def eval_normalization(self) -> str:

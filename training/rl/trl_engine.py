@@ -34,6 +34,8 @@ smaller ``micro_batch_size`` it leaves the accumulation steps alone: TRL 0.24's 
 them, so halving the micro-batch also halves the step's gradient. ``share_prompt`` forwards each distinct prompt of
 a loss batch once and its completions on the prompt's key/value cache, with the step's rows put in micro-batches one
 prompt at a time (:mod:`training.rl.shared_prompt`; the same log-probs and gradient up to float order).
+``loss_attention: grouped`` runs the loss's forward/backward with ``training.generation.attention.grouped_attention``
+instead of sdpa on CPU (same values up to float order, without PyTorch's CPU flash-attention backward).
 ``benchmarks/grpo_step.py`` measures what each switch saves per step.
 
 Dynamic sampling (DAPO; ``TRLSearchConfig.resample_flat_groups``): a group whose rollouts all earn the same reward
@@ -180,10 +182,11 @@ def _make_trainer_class() -> type:
 
         def __init__(self, *args: Any, rollout_fn: RolloutFn, resample_flat_groups: int = 0,
                      loss_token_budget: int | None = None, share_prompt: bool = False, resample_ahead: int = 0,
-                     **kwargs: Any) -> None:
+                     loss_attention: str = "model", **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.loss_token_budget = loss_token_budget
             self.share_prompt = share_prompt
+            self.loss_attention = loss_attention
             self.current_gradient_accumulation_steps = 1  # the Trainer sets it per optimizer step; 1 outside train()
             self.rollout_fn = rollout_fn
             self.rollout_seeds = RolloutSeeds(self.args.seed)
@@ -374,6 +377,15 @@ def _make_trainer_class() -> type:
 
         def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any,
                                                *args: Any, **kwargs: Any) -> tuple:
+            if self.loss_attention == "grouped":
+                from training.generation.attention import grouped_on_cpu
+
+                with grouped_on_cpu(model):
+                    return self._logps_and_entropies(model, input_ids, attention_mask, *args, **kwargs)
+            return self._logps_and_entropies(model, input_ids, attention_mask, *args, **kwargs)
+
+        def _logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any, *args: Any,
+                                 **kwargs: Any) -> tuple:
             if self._full_attention is not None:
                 attention_mask = self._full_attention
             groups = self._shared_groups(input_ids, attention_mask, args, kwargs) if self.share_prompt else None
@@ -579,7 +591,7 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config(cfg),
                callbacks=[*(callbacks or []), progress_callback(), heap_callback()], rollout_fn=rollout_fn,
                resample_flat_groups=cfg.resample_flat_groups, loss_token_budget=cfg.loss_token_budget,
-               share_prompt=cfg.share_prompt, resample_ahead=cfg.resample_ahead)
+               share_prompt=cfg.share_prompt, resample_ahead=cfg.resample_ahead, loss_attention=cfg.loss_attention)
 
 
 def heap_callback() -> Any:

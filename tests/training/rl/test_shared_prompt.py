@@ -179,3 +179,35 @@ def test_trainer_shares_only_text_calls_with_a_repeated_prompt(tiny_model_dir, t
     assert trainer._shared_groups(ids, mask, (width,), {"pixel_values": torch.zeros(1)}) is None  # not text-only
     distinct = [0, 1, 3]  # one row of each prompt: nothing to share, TRL's forward
     assert trainer._shared_groups(ids[distinct], mask[distinct], (width,), {}) is None
+
+
+@pytest.mark.parametrize(("lora_rank", "shared"), [(None, False), (4, True)])
+def test_grouped_loss_attention_gives_the_same_loss_and_gradient(tiny_model_dir, tmp_path, monkeypatch, lora_rank,
+                                                                 shared) -> None:
+    from training.generation import attention
+
+    calls = []
+    grouped = attention.grouped_attention
+    monkeypatch.setattr(attention, "grouped_attention", lambda *a, **k: calls.append(1) or grouped(*a, **k))
+    trainer = _trainer(tiny_model_dir, tmp_path, lora_rank)
+    assert trainer.model.config._attn_implementation == "sdpa"
+    batch = _batch(vocab=trainer.model.config.vocab_size)
+    base_loss, base = _loss_grads(trainer, batch, shared, None)
+    assert not calls
+    trainer.loss_attention = "grouped"
+    grouped_loss, grads = _loss_grads(trainer, batch, shared, None)
+    assert calls  # the loss ran grouped attention, and the model is back on sdpa after it
+    assert trainer.model.config._attn_implementation == "sdpa"
+    assert grouped_loss == pytest.approx(base_loss, rel=1e-5, abs=1e-7)
+    for a, b in zip(base, grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_loss_attention_model_leaves_the_run_key_alone() -> None:
+    from infra.config import load_config
+    from training.rl.config import RLConfig
+
+    base = load_config(RLConfig, "research_hops_learn_cpu", [])
+    same = load_config(RLConfig, "research_hops_learn_cpu", ["stages.grpo.trl.loss_attention=model"])
+    grouped = load_config(RLConfig, "research_hops_learn_cpu", ["stages.grpo.trl.loss_attention=grouped"])
+    assert base.key() == same.key() != grouped.key()
