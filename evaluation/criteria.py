@@ -10,6 +10,10 @@ From those rows alone (no run, no summary file), with the paired bootstrap of :m
 4. not format alone: the mean F1 change among rows format-ok at both ends > 0;
 5. a replicate with other seeds (a folder ``<recipe>__seed<N>``) meets 1-3 too.
 
+Rows written since session 36 also hold ``answer_retrieved`` (a document a search returned holds a gold answer);
+where both files have it, the searches cell adds the share of questions whose searches found the answer, start ->
+final, so a gain is split into better searches and better reading of what was found.
+
 ``python -m evaluation.criteria docs/results/learning/*/`` prints the table as markdown (``--json`` for rows);
 folders without both files (attempts stopped before their final evaluation) are listed as such. ``--ids FILE``
 restricts every folder to the questions whose ``id`` a JSONL file lists (e.g. the first 210 rows of a larger
@@ -67,6 +71,9 @@ class Criteria(BaseModel):
     searches_final: float
     format_start: float
     format_final: float
+    retrieved_start: float | None = Field(default=None, description="Share of questions whose searches returned "
+                                          "a gold answer at the start (rows without ``answer_retrieved``: None).")
+    retrieved_final: float | None = None
     c1_reward: bool
     c2_f1: bool
     c3_searching: bool
@@ -121,9 +128,13 @@ def evaluate_folder(folder: str | Path, n_resamples: int = 10000, seed: int = 0,
     fok = paired_bootstrap([float(a["f1"]) for a, _ in both], [float(b["f1"]) for _, b in both],
                            field="f1_format_ok_both", n_resamples=n_resamples, seed=seed)
     s = diffs["n_searches"]
+    found: dict[str, float] = {}
+    if all("answer_retrieved" in r for r in (*start, *final)):
+        found = {"retrieved_start": sum(float(r["answer_retrieved"]) for r in start) / len(start),
+                 "retrieved_final": sum(float(r["answer_retrieved"]) for r in final) / len(final)}
     return Criteria(folder=d.name, n=diffs["f1"].n, reward=diffs["reward"], f1=diffs["f1"], f1_format_ok_both=fok,
                     searches_start=s.start, searches_final=s.final, format_start=diffs["format_ok"].start,
-                    format_final=diffs["format_ok"].final, c1_reward=diffs["reward"].low > EPS,
+                    format_final=diffs["format_ok"].final, **found, c1_reward=diffs["reward"].low > EPS,
                     c2_f1=diffs["f1"].low > EPS,
                     c3_searching=s.final >= SEARCH_KEEP_RATIO * s.start and s.final >= SEARCH_FLOOR,
                     c4_not_format_only=fok.n > 0 and fok.diff > EPS)
@@ -137,6 +148,12 @@ def replicate_of(name: str) -> str | None:
 
 def _ci(p: PairedDiff) -> str:
     return f"{p.diff:+.3f} [{p.low:+.3f}, {p.high:+.3f}]"
+
+
+def _found(r: Criteria) -> str:
+    if r.retrieved_start is None or r.retrieved_final is None:
+        return ""
+    return f" (answer found {r.retrieved_start:.2f} → {r.retrieved_final:.2f})"
 
 
 def table(results: Sequence[Criteria], missing: Sequence[str] = ()) -> str:
@@ -160,7 +177,7 @@ def table(results: Sequence[Criteria], missing: Sequence[str] = ()) -> str:
         else:
             c5, all5 = "no replicate", "no"
         lines.append(f"| {r.folder} | {r.n} | {_ci(r.reward)} | {_ci(r.f1)} | {_ci(r.f1_format_ok_both)} "
-                     f"({r.f1_format_ok_both.n}) | {r.searches_start:.2f} → {r.searches_final:.2f} | "
+                     f"({r.f1_format_ok_both.n}) | {r.searches_start:.2f} → {r.searches_final:.2f}{_found(r)} | "
                      f"{r.format_start:.2f} → {r.format_final:.2f} | {yes[r.c1_reward]} | {yes[r.c2_f1]} | "
                      f"{yes[r.c3_searching]} | {yes[r.c4_not_format_only]} | {c5} | {all5} |")
     if missing:

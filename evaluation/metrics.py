@@ -123,6 +123,17 @@ def f1_score(pred: str, golds: str | Iterable[str], normalization: Normalization
     return token_scores(pred, golds, normalization).f1
 
 
+def contains_answer(texts: Sequence[str], golds: str | Iterable[str]) -> str | None:
+    """The first gold answer found, as whole words, in the SQuAD-normalised ``texts`` (``yes``/``no`` golds never
+    match: a document holds those words without answering)."""
+    hay = " " + " ".join(normalize_answer(t) for t in texts) + " "
+    for g in _golds(golds):
+        n = normalize_answer(g)
+        if n and n not in {"yes", "no"} and f" {n} " in hay:
+            return g
+    return None
+
+
 def answer_metrics(pred: str | None, golds: str | Iterable[str], normalization: Normalization = "squad") -> dict:
     """All answer metrics of one example: ``em``, ``f1``, ``precision``, ``recall``, ``acc`` and ``cem``.
 

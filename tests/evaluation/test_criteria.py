@@ -29,6 +29,17 @@ def test_learning_run_meets_1_to_4(tmp_path) -> None:
     assert c.f1_format_ok_both.n == 40 and abs(c.f1.diff - 0.2) < 1e-9
 
 
+def test_answer_found_splits_search_from_reading_when_rows_have_it(tmp_path) -> None:
+    start = [{**_row(i, 0.2, 0.1, True, 1.0), "answer_retrieved": float(i < 20)} for i in range(40)]
+    final = [{**_row(i, 0.5, 0.4, True, 1.0), "answer_retrieved": float(i < 30)} for i in range(40)]
+    c = evaluate_folder(_write(tmp_path / "rec", start, final), n_resamples=200)
+    assert (c.retrieved_start, c.retrieved_final) == (0.5, 0.75)
+    assert "1.00 → 1.00 (answer found 0.50 → 0.75)" in table([c])
+    old = evaluate_folder(_write(tmp_path / "old", [_row(0, 0, 0, True, 1)], [_row(0, 1, 1, True, 1)]),
+                          n_resamples=50)  # rows from before the field: the cell is as it was
+    assert old.retrieved_start is None and "| 1.00 → 1.00 |" in table([old])
+
+
 def test_search_collapse_and_format_only_gain_fail(tmp_path) -> None:
     # the reward rises only through rows that were not format-ok at the start, and searches fall to 0.4
     start = [_row(i, 0.0 if i < 20 else 0.2, 0.0, i >= 20, 1.0) for i in range(40)]

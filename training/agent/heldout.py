@@ -6,7 +6,9 @@ a checkpoint, the start-vs-final report with paired bootstrap intervals, learnin
   ``check_disjoint`` asserts it against the ids every stage trained on (written to ``train_ids.txt``).
 - ``evaluate_heldout``: greedy rollouts (n = 1, temperature 0) of one checkpoint, one row per question:
   ``id``, ``question``, ``golden_answers``, ``pred``, ``reward`` (the recipe's own signal, from ``reward_fn``),
-  ``format_ok``, ``n_searches`` plus ``f1``, ``em``, ``cover_em``, ``dataset``, ``finish_reason``.
+  ``format_ok``, ``n_searches``, ``answer_retrieved`` (1 when a document any search returned holds a gold answer,
+  whole words after SQuAD normalisation: what the searches found, apart from what the policy read from it) plus
+  ``f1``, ``em``, ``cover_em``, ``dataset``, ``finish_reason``.
 - ``learning_summary``: paired bootstrap of final - start for every per-question field (``evaluation.paired``).
 - ``plot_learning_curves`` / ``plot_paired``: PNGs a person can read (bounded metrics on fixed [0, 1] axes).
 - ``learning_alarms``: the training-health alarms (``training.agent.alarms``: search collapse, answers copied from
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.benchmarks import Question, load_benchmark
-from evaluation.metrics import answer_metrics
+from evaluation.metrics import answer_metrics, contains_answer
 from infra import artifacts
 from infra.errors import ConfigError, DataError
 from training.agent.alarms import Alarm, AlarmConfig, alarms_table, curve_alarms, heldout_alarms
@@ -37,8 +39,9 @@ from training.agent.rollout import run_rollouts
 
 log = logging.getLogger(__name__)
 
-HELDOUT_FIELDS = ("reward", "f1", "em", "cover_em", "format_ok", "n_searches")
-BOUNDED = {"f1", "em", "cover_em", "format_ok", "heldout_f1", "heldout_em", "heldout_format_ok", "format_ok_rate"}
+HELDOUT_FIELDS = ("reward", "f1", "em", "cover_em", "format_ok", "n_searches", "answer_retrieved")
+BOUNDED = {"f1", "em", "cover_em", "format_ok", "answer_retrieved", "heldout_f1", "heldout_em", "heldout_format_ok",
+           "format_ok_rate"}
 RewardFn = Callable[[list[Trajectory]], list[float]]
 
 
@@ -85,9 +88,12 @@ def write_train_ids(ids: Iterable[str], path: str | Path) -> list[str]:
 def heldout_row(traj: Trajectory, reward: float) -> dict[str, Any]:
     """The evidence row of one greedy trajectory."""
     m = answer_metrics(traj.final_answer, traj.golden_answers)
+    docs = [text for turn in traj.turns for text in turn.doc_texts]
     return {"id": traj.question_id, "question": traj.question, "golden_answers": list(traj.golden_answers),
             "pred": traj.final_answer, "reward": float(reward), "format_ok": bool(traj.format_ok),
-            "n_searches": traj.n_searches, "f1": m["f1"], "em": m["em"], "cover_em": m["acc"],
+            "n_searches": traj.n_searches,
+            "answer_retrieved": float(contains_answer(docs, traj.golden_answers) is not None),
+            "f1": m["f1"], "em": m["em"], "cover_em": m["acc"],
             "dataset": traj.dataset, "finish_reason": traj.finish_reason}
 
 
@@ -135,10 +141,11 @@ def learning_summary(
     fields: Sequence[str] = HELDOUT_FIELDS, confidence: float = 0.95, n_resamples: int = 10000,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The ``summary.json`` content: paired final - start differences per field, and ``extra`` (run ids, wall
-    times, checkpoints, settings)."""
+    """The ``summary.json`` content: paired final - start differences per field held by every row (rows written
+    before a field existed leave it out), and ``extra`` (run ids, wall times, checkpoints, settings)."""
     from evaluation.paired import paired_rows
 
+    fields = [f for f in fields if all(f in r for r in (*start_rows, *final_rows))]
     diffs = paired_rows(start_rows, final_rows, fields, confidence=confidence, n_resamples=n_resamples)
     return {"recipe": recipe, "n_heldout": len(start_rows), "confidence": confidence, "n_resamples": n_resamples,
             "paired": {f: d.model_dump() for f, d in diffs.items()},

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from evaluation.metrics import f1_score, normalize_answer
+from evaluation.metrics import contains_answer, f1_score
 from training.protocols import research as research_protocol
 from training.protocols import smartsearch as smartsearch_protocol
 from training.protocols.base import last_boxed
@@ -63,16 +63,6 @@ class JudgeVerdicts:
     def __call__(self, question: str, response: str, golds: Sequence[str]) -> list[bool | None]:
         """One verdict per round, in order (a list of the wrong length is ignored by the reward)."""
         return [None if v is None else v == 1 for v in self.verdicts]
-
-
-def contains_answer(texts: Sequence[str], golds: Sequence[str]) -> str | None:
-    """The first gold answer found, as whole words, in the normalised ``texts`` (``yes``/``no`` never match)."""
-    hay = " " + " ".join(normalize_answer(t) for t in texts) + " "
-    for g in golds:
-        n = normalize_answer(g)
-        if n and n not in {"yes", "no"} and f" {n} " in hay:
-            return g
-    return None
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evaluation.metrics import contains_answer
 from training.protocols.smartsearch import GENERATION_PREFIX
-from training.rewards.smartsearch import contains_answer, smartsearch_redundancy, smartsearch_round_prefixes
+from training.rewards.smartsearch import smartsearch_redundancy, smartsearch_round_prefixes
 from training.smartsearch.config import JudgeSpec
 from training.smartsearch.endpoint import EndpointClient
 

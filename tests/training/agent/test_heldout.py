@@ -49,6 +49,16 @@ def test_heldout_set_is_beyond_the_minis_and_large_enough(shared_data_dir) -> No
     check_disjoint(["x"], qs)
 
 
+def test_rows_say_whether_a_search_found_the_answer(bm25, scripted) -> None:
+    qs = [Question(id=i, question=q, golden_answers=a, dataset="hotpotqa") for i, q, a in QUESTIONS]
+    reward = seed_reward_fn("research", eos_token="<EOS>")
+    rows = evaluate_heldout(qs, "research", scripted("research"), bm25, RolloutConfig(), reward)
+    # "Ed Wood film director" over the mini corpus returns Ed Wood's page, which names Tim Burton; a yes/no gold
+    # never counts as found (a document holds the word without answering)
+    assert [r["answer_retrieved"] for r in rows] == [1.0, 0.0]
+    assert all(r["n_searches"] == 1 for r in rows)
+
+
 def test_greedy_rows_summary_and_evidence(tmp_path, bm25, smol_tokenizer) -> None:
     qs = [Question(id=i, question=q, golden_answers=a, dataset="hotpotqa") for i, q, a in QUESTIONS]
     answer = "<think> ok </think> <answer> The final answer is \\[ \\boxed{Tim Burton} \\] </answer><EOS>"
@@ -64,6 +74,9 @@ def test_greedy_rows_summary_and_evidence(tmp_path, bm25, smol_tokenizer) -> Non
     start = [{**r, "reward": r["reward"] - 0.5, "f1": 0.0} for r in rows]
     summary = learning_summary("demo", start, rows, n_resamples=100)
     assert summary["paired"]["f1"]["diff"] == pytest.approx(0.5) and summary["n_heldout"] == 2
+    assert summary["paired"]["answer_retrieved"]["diff"] == 0.0  # no search in this script: nothing found
+    older = [{k: v for k, v in r.items() if k != "answer_retrieved"} for r in start]  # rows from before the field
+    assert "answer_retrieved" not in learning_summary("demo", older, rows, n_resamples=50)["paired"]
     curve = [{"step": 0, "reward": 0.1, "format_ok": 0.5, "kl": 0.0}, {"step": 1, "reward": 0.3, "format_ok": 0.9}]
     out = report_learning("demo", start, rows, ["t1", "t2"], tmp_path / "ev", curve=curve,
                           evidence_dir=tmp_path / "docs", n_resamples=100, wall_s=1.0)
