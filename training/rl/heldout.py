@@ -33,7 +33,7 @@ from infra.config import StrictModel
 
 log = logging.getLogger(__name__)
 
-METRICS = ("reward", "f1", "em", "cover_em", "cem", "format_ok", "n_searches")
+METRICS = ("reward", "f1", "em", "cover_em", "cem", "format_ok", "n_searches", "answer_retrieved")
 
 
 def heldout_fields(*row_sets: list[dict[str, Any]]) -> tuple[str, ...]:
