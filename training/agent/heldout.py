@@ -41,8 +41,7 @@ log = logging.getLogger(__name__)
 
 HELDOUT_FIELDS = ("reward", "f1", "em", "cover_em", "format_ok", "n_searches", "answer_retrieved")
 BOUNDED = {"f1", "em", "cover_em", "format_ok", "answer_retrieved", "heldout_f1", "heldout_em", "heldout_format_ok",
-           "heldout_answer_retrieved",
-           "format_ok_rate"}
+           "heldout_answer_retrieved", "format_ok_rate"}
 RewardFn = Callable[[list[Trajectory]], list[float]]
 
 
