@@ -62,17 +62,26 @@ def register() -> str:
 
 
 @contextlib.contextmanager
-def grouped_on_cpu(model: Any) -> Iterator[bool]:
-    """``model`` runs :func:`grouped_attention` inside the block when it runs ``sdpa`` on CPU (its config's
-    ``_attn_implementation``, read by transformers at every forward, is set and restored); yields whether it
-    switched. Elsewhere (CUDA, another implementation) nothing changes."""
+def cpu_sdpa_as(model: Any, implementation: str) -> Iterator[bool]:
+    """``model`` runs attention ``implementation`` (a name in transformers' registry, e.g. ``register()``'s or
+    ``"eager"``) inside the block when it runs ``sdpa`` on CPU: its config's ``_attn_implementation``, read by
+    transformers at every forward, is set and restored to ``sdpa``. Yields whether it switched; elsewhere (CUDA,
+    another implementation) nothing changes. The decode steps' and the GRPO loss's switch."""
     config = getattr(model, "config", None)
     if (getattr(config, "_attn_implementation", None) != "sdpa"
             or getattr(getattr(model, "device", None), "type", "") != "cpu"):
         yield False
         return
-    config._attn_implementation = register()
+    config._attn_implementation = implementation
     try:
         yield True
     finally:
         config._attn_implementation = "sdpa"
+
+
+@contextlib.contextmanager
+def grouped_on_cpu(model: Any) -> Iterator[bool]:
+    """``model`` runs :func:`grouped_attention` inside the block when it runs ``sdpa`` on CPU (:func:`cpu_sdpa_as`);
+    yields whether it switched."""
+    with cpu_sdpa_as(model, register()) as switched:
+        yield switched

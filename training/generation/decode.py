@@ -216,23 +216,15 @@ def step_attention(model: Any) -> Iterator[bool]:
     takes 9.7 s with sdpa and 17.0 s with eager. Elsewhere (CUDA, or a model loaded with another implementation)
     nothing changes.
     """
-    config = getattr(model, "config", None)
-    if (DECODE_STEP_ATTENTION == "sdpa" or getattr(config, "_attn_implementation", None) != "sdpa"
-            or getattr(getattr(model, "device", None), "type", "") != "cpu"):
+    from training.generation.attention import cpu_sdpa_as, register
+
+    if DECODE_STEP_ATTENTION == "sdpa":
         yield False
         return
-    if DECODE_STEP_ATTENTION == "grouped":
-        from training.generation.attention import register
-
-        config._attn_implementation = register()
-    elif DECODE_STEP_ATTENTION == "eager":
-        config._attn_implementation = "eager"
-    else:
+    if DECODE_STEP_ATTENTION not in ("grouped", "eager"):
         raise ValueError(f"DECODE_STEP_ATTENTION is {DECODE_STEP_ATTENTION!r}; use 'grouped', 'eager' or 'sdpa'")
-    try:
-        yield True
-    finally:
-        config._attn_implementation = "sdpa"
+    with cpu_sdpa_as(model, register() if DECODE_STEP_ATTENTION == "grouped" else "eager") as switched:
+        yield switched
 
 
 def _hand_over(on_finish: Callable, row: int, j: int, cache: Any, mask: Any, fed: list[int]) -> None:
