@@ -9,8 +9,11 @@ downloaded) and prints ratios against baselines measured in the same run:
   inserted passages, 16 new tokens); greedy token streams compared row by row;
 - rollouts: ``run_rollouts`` (Search-R1 protocol, one forced search per trajectory so every trajectory continues
   after an insertion) with the prefix cache off / on, trajectories/s;
-- one GRPO step through the TRL engine (``training.rl.trl_engine.build_trainer``, search rollouts inside) and
-  one weighted SFT step (``training.sft.weighted.weighted_sequence_loss``): seconds and peak GPU memory;
+- one GRPO step through the TRL engine (``training.rl.trl_engine.build_trainer``, search rollouts inside): the
+  filed settings (full fine-tune, beta 0.001, fp32) and the learning presets' (``grpo_learn``: LoRA 16, beta 0,
+  share_prompt, bf16 autocast where native), trajectories/min as a ratio, and (``grpo_each``, not in the
+  default run) each of those switches alone; and one weighted SFT step
+  (``training.sft.weighted.weighted_sequence_loss``): seconds and peak GPU memory;
 - dense encoding: ``retrieval.encoders.SentenceTransformerEncoder`` vs ``encode`` on the same
   sentence-transformers object, same passages and batch size, after a warm-up, alternating order.
 
@@ -48,6 +51,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 SMOL_FILES = ("config.json", "generation_config.json", "special_tokens_map.json", "tokenizer.json",
               "tokenizer_config.json", "chat_template.jinja")
+
+
+# The learning presets' GRPO switches (flows/configs/research_hops_learn_cpu.yaml) a GPU step can use; the loss's
+# grouped attention is a CPU switch (it changes nothing where sdpa runs on CUDA), so it is not among them.
+LEARN_SETTINGS: dict[str, Any] = {"lora_rank": 16, "beta": 0.0, "share_prompt": True, "precision": "auto"}
 
 
 def _sync(device: str) -> None:
@@ -340,13 +348,28 @@ def bench_rollouts(model: Any, tok: Any, device: str, quick: bool) -> dict[str, 
     return res
 
 
-def bench_grpo(smol_model: Any, tok: Any, device: str, quick: bool) -> dict[str, Any]:
-    """Two GRPO steps through the TRL engine with search rollouts inside; the second is timed."""
+def grpo_config(quick: bool, settings: dict[str, Any] | None = None) -> Any:
+    """The check's ``TRLSearchConfig``: the filed settings (full fine-tune, beta 0.001, fp32), ``settings`` on top."""
+    from training.rl.config import TRLSearchConfig
+
+    return TRLSearchConfig(**{"num_generations": 4, "prompts_per_step": 2 if quick else 4, "max_steps": 2,
+                              "max_completion_length": 64 if quick else 256,
+                              "max_tokens_per_turn": 32 if quick else 128, "save_steps": 100, "beta": 0.001,
+                              "micro_batch_size": None, **(settings or {})})
+
+
+def bench_grpo(smol_model: Any, tok: Any, device: str, quick: bool,
+               settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Two GRPO steps through the TRL engine with search rollouts inside; the second is timed.
+
+    ``settings`` overrides the config (the ``grpo_learn`` section: the learning presets' LoRA, beta 0, share_prompt
+    and bf16 autocast, against the filed full fine-tune of the ``grpo`` section).
+    """
     import torch
 
     from training.agent.rollout import RolloutConfig
     from training.protocols.base import load_protocol
-    from training.rl.trl_engine import TRLSearchConfig, build_trainer, engine_rollout_fn, prompt_rows
+    from training.rl.trl_engine import build_trainer, engine_rollout_fn, prompt_rows
 
     proto = load_protocol("searchr1")
     qs = questions(16)
@@ -374,9 +397,7 @@ def bench_grpo(smol_model: Any, tok: Any, device: str, quick: bool) -> dict[str,
     def reward(completions: list[Any], **kw: Any) -> list[float]:
         return [float(len(str(c)) % 7) / 7 for c in completions]  # any varied scalar: the step's cost is measured
 
-    cfg = TRLSearchConfig(num_generations=4, prompts_per_step=2 if quick else 4, max_steps=2,
-                          max_completion_length=64 if quick else 256, max_tokens_per_turn=32 if quick else 128,
-                          save_steps=100, beta=0.001, micro_batch_size=None)
+    cfg = grpo_config(quick, settings)
     rollout_fn = engine_rollout_fn(proto, OverlapSearcher(), RolloutConfig(temperature=1.0, max_total_tokens=
                                    cfg.max_completion_length, max_tokens_per_turn=cfg.max_tokens_per_turn),
                                    batch_size=64)
@@ -392,8 +413,10 @@ def bench_grpo(smol_model: Any, tok: Any, device: str, quick: bool) -> dict[str,
     trajs = cfg.prompts_per_step * cfg.num_generations
     res = {"trajectories_per_step": trajs, "step_s": [round(s, 2) for s in steps], "peak_gib": round(peak, 2),
            "trajectories_per_min": round(60 * trajs / steps[-1], 1) if steps else None}
-    print(f"GRPO step (TRL engine, {trajs} trajectories, fp32 training): {res['step_s']} s, peak {peak:.2f} GiB",
-          flush=True)
+    if settings:
+        res["settings"] = settings
+    print(f"GRPO step (TRL engine, {trajs} trajectories, {settings or 'fp32 full fine-tune, beta 0.001'}): "
+          f"{res['step_s']} s, peak {peak:.2f} GiB", flush=True)
     return res
 
 
@@ -471,7 +494,7 @@ def main() -> int:
     ap.add_argument("--minilm-dir", default=None, help="folder of all-MiniLM-L6-v2 (default: the shipped one); "
                     "weights are not read")
     ap.add_argument("--init-range", type=float, default=0.2)
-    ap.add_argument("--only", default="generation,profile,profile1,identity,rollouts,encoder,sft,grpo")
+    ap.add_argument("--only", default="generation,profile,profile1,identity,rollouts,encoder,sft,grpo,grpo_learn")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
@@ -515,6 +538,9 @@ def main() -> int:
         ("encoder", lambda: bench_encoder(Path(args.minilm_dir), args.device, args.quick)),
         ("sft", lambda: bench_sft(model, tok, args.device, args.quick)),
         ("grpo", lambda: bench_grpo(model, tok, args.device, args.quick)),
+        ("grpo_learn", lambda: bench_grpo(model, tok, args.device, args.quick, LEARN_SETTINGS)),
+        ("grpo_each", lambda: {key: bench_grpo(model, tok, args.device, args.quick, {key: value})
+                               for key, value in LEARN_SETTINGS.items()}),
     ]
     failed = []
     for name, run in sections:
@@ -531,6 +557,16 @@ def main() -> int:
         if args.out:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    if "trajectories_per_min" in results.get("grpo", {}) and "trajectories_per_min" in results.get("grpo_learn", {}):
+        ratio = results["grpo_learn"]["trajectories_per_min"] / results["grpo"]["trajectories_per_min"]
+        results["grpo_learn"]["vs_grpo"] = round(ratio, 3)
+        print(f"GRPO step, learning presets' settings vs the filed ones: {ratio:.2f}x trajectories/min", flush=True)
+    if "trajectories_per_min" in results.get("grpo", {}) and isinstance(results.get("grpo_each"), dict):
+        for key, res in results["grpo_each"].items():
+            if "trajectories_per_min" in res:
+                res["vs_grpo"] = round(res["trajectories_per_min"] / results["grpo"]["trajectories_per_min"], 3)
+                print(f"GRPO step, {key}={LEARN_SETTINGS[key]} alone vs the filed settings: {res['vs_grpo']:.2f}x",
+                      flush=True)
     if failed:
         print(f"gpu_check: sections failed: {', '.join(failed)}")
         return 1
