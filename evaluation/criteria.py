@@ -32,6 +32,11 @@ resamples the seeds too (with replacement, then the questions), so the spread be
 seeds it is a rough bound. Neither replaces criterion 5, which asks each replicate to resolve on its own: pooling
 says whether a recipe whose runs each sit at the edge of what the held-out set resolves moves the answers on average.
 
+``--answers`` reads the predictions: per folder, how many answers are exact (F1 1), partial (0 < F1 < 1), copied
+from the question, another wrong answer, or none, start -> final; the largest moves between those kinds; and, where
+rows record ``answer_retrieved``, how many answers below F1 1 had a gold answer in what their searches returned (a
+reading error, not a search error). A gain that is "none -> exact" is format; "other -> exact" is answers.
+
 ``--gold GOLD_JSONL`` (once per folder, in the folders' order) reads what a run's start policy left to learn: the
 ``gold`` condition of ``searchloop run search-value`` on the same checkpoint and questions (the supporting paragraph
 inserted after a scripted first search) against the folder's start and final rows. Per folder: F1 start, with the
@@ -51,6 +56,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from evaluation.metrics import copied_from_question
 from evaluation.paired import PairedDiff, paired_bootstrap, paired_rows
 
 SEARCH_KEEP_RATIO = 0.8
@@ -334,6 +340,86 @@ def group_table(folder: str, changes: Sequence[GroupChange]) -> str:
     return "\n".join(lines)
 
 
+ANSWER_KINDS = ("exact", "partial", "copied", "other", "none")
+
+
+def answer_kind(row: Mapping[str, Any]) -> str:
+    """What a held-out row's answer is: ``exact`` (F1 1), ``partial`` (0 < F1 < 1), or a miss (F1 0) that is
+    ``none`` (no answer), ``copied`` from the question (:func:`evaluation.metrics.copied_from_question`) or ``other``
+    (a wrong answer of its own: another entity, date or place)."""
+    f1 = float(row["f1"])
+    if f1 >= 1 - EPS:
+        return "exact"
+    if f1 > EPS:
+        return "partial"
+    pred = str(row.get("pred") or "").strip()
+    if not pred:
+        return "none"
+    if copied_from_question(str(row.get("question", "")), pred, row.get("golden_answers") or ()):
+        return "copied"
+    return "other"
+
+
+class AnswerKinds(BaseModel):
+    """How a folder's answers split by :func:`answer_kind`, start and final, and how the rows moved between kinds."""
+
+    folder: str
+    n: int
+    start: dict[str, int]
+    final: dict[str, int]
+    moves: dict[str, int] = Field(description="'start kind -> final kind': rows, for rows whose kind changed.")
+    missed_found_start: int | None = Field(
+        default=None, description="Rows below F1 1 whose searches found a gold answer (answer_retrieved), start.")
+    missed_found_final: int | None = None
+    missed_start: int
+    missed_final: int
+
+
+def answer_kinds(folder: str | Path, ids: set[str] | None = None) -> AnswerKinds | None:
+    """:class:`AnswerKinds` of one evidence folder (the questions both ends hold); None without both ends."""
+    d = Path(folder)
+    start_p, final_p = d / "heldout_start.jsonl", d / "heldout_final.jsonl"
+    if not (start_p.is_file() and final_p.is_file()):
+        return None
+    final_by_id = {str(r["id"]): r for r in _rows(final_p)}
+    pairs = [(r, final_by_id[str(r["id"])]) for r in _rows(start_p)
+             if str(r["id"]) in final_by_id and (ids is None or str(r["id"]) in ids)]
+    if not pairs:
+        return None
+    kinds = [(answer_kind(a), answer_kind(b)) for a, b in pairs]
+    moves: dict[str, int] = {}
+    for a, b in kinds:
+        if a != b:
+            moves[f"{a} -> {b}"] = moves.get(f"{a} -> {b}", 0) + 1
+    found: dict[str, int] = {}
+    if all("answer_retrieved" in r for pair in pairs for r in pair):
+        found = {"missed_found_start": sum(bool(a["answer_retrieved"]) and ka != "exact"
+                                           for (a, _), (ka, _) in zip(pairs, kinds, strict=True)),
+                 "missed_found_final": sum(bool(b["answer_retrieved"]) and kb != "exact"
+                                           for (_, b), (_, kb) in zip(pairs, kinds, strict=True))}
+    return AnswerKinds(folder=d.name, n=len(pairs),
+                       start={k: sum(a == k for a, _ in kinds) for k in ANSWER_KINDS},
+                       final={k: sum(b == k for _, b in kinds) for k in ANSWER_KINDS},
+                       moves=dict(sorted(moves.items(), key=lambda kv: -kv[1])), **found,
+                       missed_start=sum(ka != "exact" for ka, _ in kinds),
+                       missed_final=sum(kb != "exact" for _, kb in kinds))
+
+
+def answer_kinds_table(rows: Sequence[AnswerKinds]) -> str:
+    """Markdown table of :func:`answer_kinds`: each kind start -> final, the largest moves, and (where rows record
+    it) how many answers below F1 1 had the gold answer in what their searches returned."""
+    head = " | ".join(ANSWER_KINDS)
+    out = [f"| evidence | n | {head} | below F1 1 with the answer found | largest moves |",
+           "|---|---|" + "---|" * len(ANSWER_KINDS) + "---|---|"]
+    for a in rows:
+        cells = " | ".join(f"{a.start[k]} → {a.final[k]}" for k in ANSWER_KINDS)
+        found = ("-" if a.missed_found_start is None else
+                 f"{a.missed_found_start}/{a.missed_start} → {a.missed_found_final}/{a.missed_final}")
+        moves = ", ".join(f"{k} {v}" for k, v in list(a.moves.items())[:4]) or "-"
+        out.append(f"| {a.folder} | {a.n} | {cells} | {found} | {moves} |")
+    return "\n".join(out)
+
+
 class Headroom(BaseModel):
     """What a run's start policy left to learn on its held-out questions, against what the run took (F1)."""
 
@@ -404,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", action="store_true",
                     help="pool each recipe folder with its <recipe>__seed<N> replicates among the folders given: the "
                          "change averaged over seeds, intervals over questions and over seeds x questions")
+    ap.add_argument("--answers", action="store_true",
+                    help="what the answers are, start -> final: exact, partial, copied from the question, another "
+                         "wrong answer, none; the largest moves; misses whose searches found the answer")
     ap.add_argument("--gold", type=Path, action="append", default=None, metavar="GOLD_JSONL",
                     help="search-value gold rows of each folder's start policy, once per folder in the folders' "
                          "order: prints the headroom table (gold - start, final - start, gold - final)")
@@ -413,8 +502,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--gold is a report of its own (every question the folder and its gold rows share); run it "
                      "without --pool, --by and --ids")
         return _print_headroom(ap, args)
-    if args.pool and args.by is not None:
-        ap.error("--pool and --by are separate reports; run them one at a time")
+    if sum((args.pool, args.by is not None, args.answers)) > 1:
+        ap.error("--pool, --by and --answers are separate reports; run them one at a time")
     if (args.by is None) != (args.questions is None):
         ap.error("--by and --questions go together: --by metadata.relation --questions <held-out JSONL file>")
     ids = None
@@ -450,6 +539,10 @@ def main(argv: list[str] | None = None) -> int:
         return _print_groups(ap, args, [paths[r.folder] for r in results])
     if args.pool:
         return _print_pools(ap, args, paths, ids)
+    if args.answers:
+        kinds = [k for k in (answer_kinds(paths[r.folder], ids) for r in results) if k is not None]
+        print("\n".join(json.dumps(k.model_dump()) for k in kinds) if args.json else answer_kinds_table(kinds))
+        return 0
     if args.json:
         for r in results:
             print(json.dumps({**r.model_dump(), "meets_1_to_4": r.meets_1_to_4}))

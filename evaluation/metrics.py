@@ -134,6 +134,18 @@ def contains_answer(texts: Sequence[str], golds: str | Iterable[str]) -> str | N
     return None
 
 
+def copied_from_question(question: str, answer: str | None, golden_answers: Iterable[str] = ()) -> bool:
+    """Whether ``answer`` is copied from ``question``: non-empty after SQuAD normalization, a substring of the
+    normalized question that starts at a word (so "Jakobea Of Baden" is in "... jakobea of badens mother ..." but
+    "e" is not in "directed"), and not a gold answer ("Which film came out first, X or Y?" -> "X" is right, not copied).
+    """
+    pred = normalize_answer(answer or "")
+    if not pred or f" {pred}" not in f" {normalize_answer(question)}":  # from a word's start: "badens" has "baden"
+        return False
+    golds = [g for g in golden_answers if g]
+    return not (golds and exact_match(answer or "", golds) > 0)
+
+
 def answer_metrics(pred: str | None, golds: str | Iterable[str], normalization: Normalization = "squad") -> dict:
     """All answer metrics of one example: ``em``, ``f1``, ``precision``, ``recall``, ``acc`` and ``cem``.
 

@@ -239,3 +239,47 @@ def test_gold_headroom_against_what_the_run_took(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         main([str(d), "--gold", str(g)])
     assert "share no question id" in capsys.readouterr().err
+
+
+def _answer(i: int, question: str, pred: str, gold: str, f1: float, found: bool | None = None) -> dict:
+    row = {**_row(i, f1, f1, True, 1.0), "question": question, "pred": pred, "golden_answers": [gold]}
+    return row if found is None else {**row, "answer_retrieved": found}
+
+
+def test_answer_kinds_read_what_the_answers_are() -> None:
+    from evaluation.criteria import answer_kind
+
+    q = "Which country Jakobea Of Baden's mother is from?"
+    assert answer_kind(_answer(0, q, "Germany", "Germany", 1.0)) == "exact"
+    assert answer_kind(_answer(0, "Where was X born?", "Dombås", "Dombås, Norway", 0.67)) == "partial"
+    assert answer_kind(_answer(0, q, "Jakobea Of Baden", "Germany", 0.0)) == "copied"
+    assert answer_kind(_answer(0, q, "France", "Germany", 0.0)) == "other"
+    assert answer_kind(_answer(0, q, "", "Germany", 0.0)) == "none"
+    assert answer_kind({"id": "q", "f1": 0.0, "pred": None}) == "none"  # a row without the optional fields
+
+
+def test_answers_report_counts_kinds_moves_and_misses_with_the_answer_found(tmp_path, capsys) -> None:
+    from evaluation.criteria import answer_kinds
+
+    q = "Who is the father of Baw Ngan-Mohn?"
+    start = [_answer(0, q, "Baw Ngan-Mohn", "Binnya U", 0.0, True),
+             _answer(1, q, "Tabinshwehti", "Binnya U", 0.0, True),
+             _answer(2, q, "", "Binnya U", 0.0, False), _answer(3, q, "Binnya U", "Binnya U", 1.0, True)]
+    final = [_answer(0, q, "Binnya U", "Binnya U", 1.0, True), _answer(1, q, "Tabinshwehti", "Binnya U", 0.0, True),
+             _answer(2, q, "King Binnya U", "Binnya U", 0.8, True), _answer(3, q, "Binnya U", "Binnya U", 1.0, True)]
+    _write(tmp_path / "rec", start, final)
+    a = answer_kinds(tmp_path / "rec")
+    assert a.start == {"exact": 1, "partial": 0, "copied": 1, "other": 1, "none": 1}
+    assert a.final == {"exact": 2, "partial": 1, "copied": 0, "other": 1, "none": 0}
+    assert a.moves == {"copied -> exact": 1, "none -> partial": 1}
+    assert (a.missed_found_start, a.missed_start, a.missed_found_final, a.missed_final) == (2, 3, 2, 2)
+    assert main([str(tmp_path / "rec"), "--answers"]) == 0
+    out = capsys.readouterr().out
+    assert ("| rec | 4 | 1 → 2 | 0 → 1 | 1 → 0 | 1 → 1 | 1 → 0 | 2/3 → 2/2 | copied -> exact 1, none -> partial 1 |"
+            in out)
+    # rows from before answer_retrieved: that cell is "-"; --answers is a report of its own
+    _write(tmp_path / "old", [_answer(0, q, "x", "Binnya U", 0.0)], [_answer(0, q, "Binnya U", "Binnya U", 1.0)])
+    assert answer_kinds(tmp_path / "old").missed_found_start is None
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "rec"), "--answers", "--pool"])
+    assert "separate reports" in capsys.readouterr().err

@@ -33,7 +33,8 @@ from typing import Any
 
 from pydantic import Field
 
-from evaluation.metrics import exact_match, normalize_answer
+from evaluation.metrics import copied_from_question as copied_from_question  # re-exported
+from evaluation.metrics import normalize_answer
 from infra.config import StrictModel
 from training.agent.config import AlarmConfig, AlarmName
 
@@ -56,18 +57,6 @@ class AnswerObs(StrictModel):
     question: str = Field(description="Question text.")
     answer: str | None = Field(default=None, description="Final answer (None/empty: no answer).")
     golden_answers: list[str] = Field(default_factory=list, description="Gold answers (a copied gold is fine).")
-
-
-def copied_from_question(question: str, answer: str | None, golden_answers: Iterable[str] = ()) -> bool:
-    """Whether ``answer`` is copied from ``question``: non-empty after SQuAD normalization, a substring of the
-    normalized question that starts at a word (so "Jakobea Of Baden" is in "... jakobea of badens mother ..." but
-    "e" is not in "directed"), and not a gold answer ("Which film came out first, X or Y?" -> "X" is right, not copied).
-    """
-    pred = normalize_answer(answer or "")
-    if not pred or f" {pred}" not in f" {normalize_answer(question)}":  # from a word's start: "badens" has "baden"
-        return False
-    golds = [g for g in golden_answers if g]
-    return not (golds and exact_match(answer or "", golds) > 0)
 
 
 def copied_share(items: Sequence[AnswerObs]) -> float:
