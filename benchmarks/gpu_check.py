@@ -348,6 +348,17 @@ def bench_rollouts(model: Any, tok: Any, device: str, quick: bool) -> dict[str, 
     return res
 
 
+def _guarded(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``, or ``{"error": ...}`` with the traceback printed: one switch's failure keeps the others' numbers."""
+    try:
+        return run()
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def grpo_config(quick: bool, settings: dict[str, Any] | None = None) -> Any:
     """The check's ``TRLSearchConfig``: the filed settings (full fine-tune, beta 0.001, fp32), ``settings`` on top."""
     from training.rl.config import TRLSearchConfig
@@ -539,7 +550,8 @@ def main() -> int:
         ("sft", lambda: bench_sft(model, tok, args.device, args.quick)),
         ("grpo", lambda: bench_grpo(model, tok, args.device, args.quick)),
         ("grpo_learn", lambda: bench_grpo(model, tok, args.device, args.quick, LEARN_SETTINGS)),
-        ("grpo_each", lambda: {key: bench_grpo(model, tok, args.device, args.quick, {key: value})
+        ("grpo_each", lambda: {key: _guarded(lambda k=key, v=value: bench_grpo(model, tok, args.device, args.quick,
+                                                                              {k: v}))
                                for key, value in LEARN_SETTINGS.items()}),
     ]
     failed = []
