@@ -93,7 +93,7 @@ def warmup_sources(cfg: Any, w: WarmupConfig) -> tuple[dict[str, list[Any]], dic
         eps, skip = wp.fireact_episodes(chats)
         sources["fireact"] = eps
         skipped |= {f"fireact:{k}": v for k, v in skip.items()}
-    return sources, skipped
+    return wp.without_search(sources, w.no_search_share), skipped
 
 
 def rollout_budget(cfg: Any) -> tuple[int, int] | None:

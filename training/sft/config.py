@@ -6,9 +6,9 @@ A leaf: imports only other config models (``retrieval.open.RetrieverSpec``) and 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 from infra.config import StrictModel
 from retrieval.config import RetrieverSpec
@@ -73,8 +73,21 @@ class WarmupConfig(StrictModel):
         default=None, ge=1, description="Documents per step (None: the run's top-k; EM: 3, as ExSearch shows).")
     max_fact_words: int | None = Field(
         default=None, ge=1, description="Cut each fact/reasoning step to this many words (fits small budgets).")
+    no_search_share: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="RL warm-up only: this share of the decomposition episodes is "
+        "rendered without a search (the agent answers from the question alone), chosen by a hash of the question id "
+        "(the same questions for every seed). The start policy then searches on only part of the questions, and RL "
+        "has to learn when searching pays. 0 = every episode searches (left out of dumps, so earlier warm-up keys "
+        "stay what they were).")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Warm-up SFT engine settings.")
     timeout_s: int = Field(default=3600, ge=10, description="Prefect timeout of the warm-up SFT task.")
+
+    @model_serializer(mode="wrap")
+    def _drop_zero_no_search_share(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("no_search_share", 1) == 0:
+            del data["no_search_share"]
+        return data
 
     def retriever(self, run: RetrieverSpec) -> RetrieverSpec:
         """The retriever of warm-up episodes: BM25 over ``corpus`` when set, else the run's own."""

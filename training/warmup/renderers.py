@@ -227,6 +227,26 @@ def decomposition_episodes(questions: Iterable[Question], searcher: Any, passage
     return out, dict(skipped)
 
 
+def without_search(sources: dict[str, list[Episode]], share: float) -> dict[str, list[Episode]]:
+    """Move ``share`` of every source's episodes, chosen by a hash of the question id (the same ones for every
+    seed), to ``<source>:no_search`` with no steps: rendered, the agent answers from the question alone. The
+    protocol's validator decides whether such a trajectory is well formed (its rows count as any other's)."""
+    import hashlib
+
+    if share <= 0:
+        return sources
+    out: dict[str, list[Episode]] = {}
+    for src, episodes in sources.items():
+        for ep in episodes:
+            digest = hashlib.sha256(f"no_search|{ep.question.id}".encode()).digest()
+            if int.from_bytes(digest[:8], "big") / 2**64 < share:
+                out.setdefault(f"{src}:no_search", []).append(
+                    Episode(ep.question, [], ep.answer, f"{src}:no_search", dict(ep.meta)))
+            else:
+                out.setdefault(src, []).append(ep)
+    return out
+
+
 def fireact_episodes(chats: Iterable[dict[str, Any]]) -> tuple[list[Episode], dict[str, int]]:
     """Source 2 episodes (successful FireAct chats; the single observation is the step's document)."""
     from training.warmup.sources import fireact_episode

@@ -188,3 +188,35 @@ def test_tokenized_sft_two_steps_research(sources, smol_path, smol_tokenizer, tm
     delta = (tuned.state_dict()[name] - base.state_dict()[name]).abs().max().item()
     assert delta > 0 and not torch.isnan(tuned.state_dict()[name]).any()
     assert train_sft_tokenized(cfg, tmp_path / "rows.jsonl", str(smol_path), tmp_path / "sft") == ref  # cached
+
+
+@pytest.mark.parametrize("name", ["searchr1", "research"])
+def test_no_search_share_renders_answers_without_a_search(name, sources, smol_tokenizer) -> None:
+    """``WarmupConfig.no_search_share``: the chosen episodes (by question id, so the same for every seed) render as a
+    valid answer with no search and no document; the others are untouched."""
+    split = wp.without_search(sources, 0.5)
+    moved = [e for src, eps in split.items() if src.endswith(":no_search") for e in eps]
+    kept = [e for src, eps in split.items() if not src.endswith(":no_search") for e in eps]
+    assert 0 < len(moved) < 20 and len(moved) + len(kept) == 20
+    assert all(not e.steps for e in moved) and all(e.steps for e in kept)
+    again = {e.question.id for src, eps in wp.without_search(sources, 0.5).items() if src.endswith(":no_search")
+             for e in eps}
+    assert again == {e.question.id for e in moved}  # deterministic
+    assert wp.without_search(sources, 0.0) is sources
+    rows, stats = wp.build_protocol_warmup(name, {k: v for k, v in split.items() if k.endswith(":no_search")},
+                                           smol_tokenizer, top_k=2)
+    protocol = load_protocol(name, top_k=2)
+    assert rows and sum(s.valid for s in stats) == len(rows)
+    for row in rows:
+        assert protocol.validate(row["response"]).ok
+        assert protocol.extract_answer(row["response"]) is not None
+        assert all(gen for _, gen in row["segments"] if _.strip())  # nothing inserted: no document block
+
+
+def test_no_search_share_is_left_out_of_dumps_at_zero() -> None:
+    from training.sft.config import WarmupConfig
+
+    assert "no_search_share" not in WarmupConfig().model_dump()
+    assert WarmupConfig(no_search_share=0.5).model_dump()["no_search_share"] == 0.5
+    with pytest.raises(ValueError):
+        WarmupConfig(no_search_share=1.0)
