@@ -37,6 +37,12 @@ from the question, another wrong answer, or none, start -> final; the largest mo
 rows record ``answer_retrieved``, how many answers below F1 1 had a gold answer in what their searches returned (a
 reading error, not a search error). A gain that is "none -> exact" is format; "other -> exact" is answers.
 
+``--searched`` reads whether the agent searched: per folder, searches per question start -> final with the paired
+interval of the change, the share of questions with at least one search, and the questions split by whether the
+start and the final policy searched (no -> no, no -> yes, yes -> no, yes -> yes), each with its mean F1 start ->
+final. An agent that learns to search moves questions from "no" to "yes" and gains F1 there; one that stops searching
+(Search-R1's multi-hop attempt 1) moves them the other way.
+
 ``--gold GOLD_JSONL`` (once per folder, in the folders' order) reads what a run's start policy left to learn: the
 ``gold`` condition of ``searchloop run search-value`` on the same checkpoint and questions (the supporting paragraph
 inserted after a scripted first search) against the folder's start and final rows. Per folder: F1 start, with the
@@ -343,6 +349,75 @@ def group_table(folder: str, changes: Sequence[GroupChange]) -> str:
 ANSWER_KINDS = ("exact", "partial", "copied", "other", "none")
 
 
+class SearchMove(BaseModel):
+    """The questions whose start and final policies did (or did not) search, and their mean F1 at both ends."""
+
+    start_searched: bool
+    final_searched: bool
+    n: int
+    f1_start: float
+    f1_final: float
+
+
+class SearchedSplit(BaseModel):
+    """One folder's searching, start -> final (``--searched``)."""
+
+    folder: str
+    n: int
+    searches: PairedDiff = Field(description="Searches per question, final - start, paired interval.")
+    searched_start: float = Field(description="Share of questions with at least one search at the start.")
+    searched_final: float
+    moves: list[SearchMove]
+
+
+def _mean_f1(rows: Sequence[Mapping[str, Any]]) -> float:
+    return sum(float(r.get("f1") or 0) for r in rows) / len(rows) if rows else 0.0
+
+
+def searched_split(folder: str | Path, ids: set[str] | None = None, n_resamples: int = 10000,
+                   seed: int = 0) -> SearchedSplit | None:
+    """Whether each question's start and final policy searched, and its F1 at both ends; None without both files."""
+    d = Path(folder)
+    if not ((d / "heldout_start.jsonl").is_file() and (d / "heldout_final.jsonl").is_file()):
+        return None
+    start = {str(r["id"]): r for r in _rows(d / "heldout_start.jsonl")}
+    final = {str(r["id"]): r for r in _rows(d / "heldout_final.jsonl")}
+    keys = [k for k in start if k in final and (ids is None or k in ids)]
+    if not keys:
+        return None
+    searches = paired_bootstrap([float(start[k].get("n_searches") or 0) for k in keys],
+                                [float(final[k].get("n_searches") or 0) for k in keys], field="n_searches",
+                                n_resamples=n_resamples, seed=seed)
+    moves = []
+    for a in (False, True):
+        for b in (False, True):
+            cell = [k for k in keys if (float(start[k].get("n_searches") or 0) > 0) == a
+                    and (float(final[k].get("n_searches") or 0) > 0) == b]
+            moves.append(SearchMove(start_searched=a, final_searched=b, n=len(cell),
+                                    f1_start=_mean_f1([start[k] for k in cell]),
+                                    f1_final=_mean_f1([final[k] for k in cell])))
+    n = len(keys)
+    return SearchedSplit(folder=d.name, n=n, searches=searches,
+                         searched_start=sum(m.n for m in moves if m.start_searched) / n,
+                         searched_final=sum(m.n for m in moves if m.final_searched) / n, moves=moves)
+
+
+def searched_table(rows: Sequence[SearchedSplit]) -> str:
+    """Markdown table of :func:`searched_split` rows."""
+    def cell(m: SearchMove) -> str:
+        return f"{m.n} ({m.f1_start:.3f} → {m.f1_final:.3f})" if m.n else "0"
+
+    out = ["| evidence | n | searches / question start → final, Δ [95%] | searched start → final | no → no | "
+           "no → yes | yes → no | yes → yes |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.folder} | {r.n} | {r.searches.start:.2f} → {r.searches.final:.2f}, {_ci(r.searches)} | "
+                   f"{r.searched_start:.2f} → {r.searched_final:.2f} | "
+                   + " | ".join(cell(m) for m in r.moves) + " |")
+    out.append("")
+    out.append("Cells: questions (mean F1 start → final), split by whether the start and the final policy searched.")
+    return "\n".join(out)
+
+
 def answer_kind(row: Mapping[str, Any]) -> str:
     """What a held-out row's answer is: ``exact`` (F1 1), ``partial`` (0 < F1 < 1), or a miss (F1 0) that is
     ``none`` (no answer), ``copied`` from the question (:func:`evaluation.metrics.copied_from_question`) or ``other``
@@ -493,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--answers", action="store_true",
                     help="what the answers are, start -> final: exact, partial, copied from the question, another "
                          "wrong answer, none; the largest moves; misses whose searches found the answer")
+    ap.add_argument("--searched", action="store_true",
+                    help="whether the agent searched, start -> final: searches per question with its interval, and "
+                         "the questions split by whether the start and the final policy searched, with their F1")
     ap.add_argument("--gold", type=Path, action="append", default=None, metavar="GOLD_JSONL",
                     help="search-value gold rows of each folder's start policy, once per folder in the folders' "
                          "order: prints the headroom table (gold - start, final - start, gold - final)")
@@ -502,8 +580,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--gold is a report of its own (every question the folder and its gold rows share); run it "
                      "without --pool, --by and --ids")
         return _print_headroom(ap, args)
-    if sum((args.pool, args.by is not None, args.answers)) > 1:
-        ap.error("--pool, --by and --answers are separate reports; run them one at a time")
+    if sum((args.pool, args.by is not None, args.answers, args.searched)) > 1:
+        ap.error("--pool, --by, --answers and --searched are separate reports; run them one at a time")
     if (args.by is None) != (args.questions is None):
         ap.error("--by and --questions go together: --by metadata.relation --questions <held-out JSONL file>")
     ids = None
@@ -542,6 +620,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.answers:
         kinds = [k for k in (answer_kinds(paths[r.folder], ids) for r in results) if k is not None]
         print("\n".join(json.dumps(k.model_dump()) for k in kinds) if args.json else answer_kinds_table(kinds))
+        return 0
+    if args.searched:
+        splits = [x for x in (searched_split(paths[r.folder], ids, args.resamples) for r in results) if x is not None]
+        print("\n".join(json.dumps(x.model_dump()) for x in splits) if args.json else searched_table(splits))
         return 0
     if args.json:
         for r in results:

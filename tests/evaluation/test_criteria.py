@@ -283,3 +283,25 @@ def test_answers_report_counts_kinds_moves_and_misses_with_the_answer_found(tmp_
     with pytest.raises(SystemExit):
         main([str(tmp_path / "rec"), "--answers", "--pool"])
     assert "separate reports" in capsys.readouterr().err
+
+
+def test_searched_splits_questions_by_whether_each_end_searched(tmp_path, capsys) -> None:
+    from evaluation.criteria import searched_split
+
+    # 40 questions: 10 never searched, 20 learned to search (F1 0 -> 1), 5 stopped (1 -> 0), 5 searched at both ends
+    start = ([_row(i, 0, 0.0, True, 0) for i in range(30)] + [_row(i, 1, 1.0, True, 1) for i in range(30, 40)])
+    final = ([_row(i, 0, 0.0, True, 0) for i in range(10)] + [_row(i, 1, 1.0, True, 2) for i in range(10, 30)]
+             + [_row(i, 0, 0.0, True, 0) for i in range(30, 35)] + [_row(i, 1, 1.0, True, 1) for i in range(35, 40)])
+    d = _write(tmp_path / "mixed", start, final)
+    s = searched_split(d, n_resamples=500)
+    assert s is not None and s.n == 40 and (s.searched_start, s.searched_final) == (0.25, 0.625)
+    cells = {(m.start_searched, m.final_searched): (m.n, m.f1_start, m.f1_final) for m in s.moves}
+    assert cells == {(False, False): (10, 0.0, 0.0), (False, True): (20, 0.0, 1.0), (True, False): (5, 1.0, 0.0),
+                     (True, True): (5, 1.0, 1.0)}
+    assert abs(s.searches.diff - (45 / 40 - 10 / 40)) < 1e-9 and s.searches.low > 0
+    assert searched_split(d, ids={"q0", "q35"}, n_resamples=50).n == 2
+    assert main([str(d), "--searched", "--resamples", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "| mixed | 40 | 0.25 → 1.12, +0.875" in out and "| 20 (0.000 → 1.000) |" in out
+    with pytest.raises(SystemExit):
+        main([str(d), "--searched", "--answers"])
