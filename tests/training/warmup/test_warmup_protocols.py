@@ -220,3 +220,13 @@ def test_no_search_share_is_left_out_of_dumps_at_zero() -> None:
     assert WarmupConfig(no_search_share=0.5).model_dump()["no_search_share"] == 0.5
     with pytest.raises(ValueError):
         WarmupConfig(no_search_share=1.0)
+
+
+def test_em_loop_refuses_no_search_share() -> None:
+    """The EM loop's warm-up chats always search, so a share it would ignore is refused with the fix."""
+    from infra.config import load_config
+    from infra.errors import ConfigError
+    from training.em.config import EMLoopConfig
+
+    with pytest.raises(ConfigError, match="no_search_share is read by the RL warm-up only"):
+        load_config(EMLoopConfig, "exsearch_cpu_demo", ["warmup.no_search_share=0.5"])
