@@ -349,7 +349,8 @@ def bench_rollouts(model: Any, tok: Any, device: str, quick: bool) -> dict[str, 
 
 
 def _guarded(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``run()``, or ``{"error": ...}`` with the traceback printed: one switch's failure keeps the others' numbers."""
+    """``run()``, or ``{"error": ...}`` with the traceback printed: one section's (or one switch's) failure keeps
+    the others' numbers."""
     try:
         return run()
     except Exception as exc:
@@ -558,13 +559,8 @@ def main() -> int:
     for name, run in sections:
         if name not in only:
             continue
-        try:
-            results[name] = run()
-        except Exception as exc:  # one section's failure must not hide the others' numbers
-            import traceback
-
-            traceback.print_exc()
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        results[name] = _guarded(run)  # one section's failure must not hide the others' numbers
+        if "error" in results[name]:
             failed.append(name)
         if args.out:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)

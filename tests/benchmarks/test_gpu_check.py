@@ -33,3 +33,13 @@ def test_skips_cleanly_without_cuda() -> None:
                          timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert "gpu_check: skipped, no CUDA device" in out.stdout
+
+
+def test_a_failing_part_keeps_the_others_numbers(capsys) -> None:
+    """A section or GRPO switch that raises becomes ``{"error": ...}`` (traceback printed); the others' results stay."""
+    def boom() -> dict:
+        raise RuntimeError("CUDA out of memory")
+
+    parts = {"ok": gpu_check._guarded(lambda: {"trajectories_per_min": 3.0}), "bad": gpu_check._guarded(boom)}
+    assert parts == {"ok": {"trajectories_per_min": 3.0}, "bad": {"error": "RuntimeError: CUDA out of memory"}}
+    assert "RuntimeError: CUDA out of memory" in capsys.readouterr().err
