@@ -370,33 +370,37 @@ class SearchedSplit(BaseModel):
     moves: list[SearchMove]
 
 
-def _mean_f1(rows: Sequence[Mapping[str, Any]]) -> float:
-    return sum(float(r.get("f1") or 0) for r in rows) / len(rows) if rows else 0.0
+def _paired_ends(folder: Path, ids: set[str] | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(start row, final row) of every question both ends of an evidence folder hold (within ``ids`` when given), in
+    the start file's order; empty without both files."""
+    start_p, final_p = folder / "heldout_start.jsonl", folder / "heldout_final.jsonl"
+    if not (start_p.is_file() and final_p.is_file()):
+        return []
+    final_by_id = {str(r["id"]): r for r in _rows(final_p)}
+    return [(r, final_by_id[str(r["id"])]) for r in _rows(start_p)
+            if str(r["id"]) in final_by_id and (ids is None or str(r["id"]) in ids)]
 
 
 def searched_split(folder: str | Path, ids: set[str] | None = None, n_resamples: int = 10000,
                    seed: int = 0) -> SearchedSplit | None:
     """Whether each question's start and final policy searched, and its F1 at both ends; None without both files."""
     d = Path(folder)
-    if not ((d / "heldout_start.jsonl").is_file() and (d / "heldout_final.jsonl").is_file()):
+    pairs = _paired_ends(d, ids)
+    if not pairs:
         return None
-    start = {str(r["id"]): r for r in _rows(d / "heldout_start.jsonl")}
-    final = {str(r["id"]): r for r in _rows(d / "heldout_final.jsonl")}
-    keys = [k for k in start if k in final and (ids is None or k in ids)]
-    if not keys:
-        return None
-    searches = paired_bootstrap([float(start[k].get("n_searches") or 0) for k in keys],
-                                [float(final[k].get("n_searches") or 0) for k in keys], field="n_searches",
+    counts = [(float(a.get("n_searches") or 0), float(b.get("n_searches") or 0)) for a, b in pairs]
+    searches = paired_bootstrap([x for x, _ in counts], [y for _, y in counts], field="n_searches",
                                 n_resamples=n_resamples, seed=seed)
     moves = []
-    for a in (False, True):
-        for b in (False, True):
-            cell = [k for k in keys if (float(start[k].get("n_searches") or 0) > 0) == a
-                    and (float(final[k].get("n_searches") or 0) > 0) == b]
-            moves.append(SearchMove(start_searched=a, final_searched=b, n=len(cell),
-                                    f1_start=_mean_f1([start[k] for k in cell]),
-                                    f1_final=_mean_f1([final[k] for k in cell])))
-    n = len(keys)
+    for searched_start in (False, True):
+        for searched_final in (False, True):
+            cell = [(a, b) for (a, b), (x, y) in zip(pairs, counts, strict=True)
+                    if (x > 0) == searched_start and (y > 0) == searched_final]
+            moves.append(SearchMove(
+                start_searched=searched_start, final_searched=searched_final, n=len(cell),
+                f1_start=sum(float(a.get("f1") or 0) for a, _ in cell) / len(cell) if cell else 0.0,
+                f1_final=sum(float(b.get("f1") or 0) for _, b in cell) / len(cell) if cell else 0.0))
+    n = len(pairs)
     return SearchedSplit(folder=d.name, n=n, searches=searches,
                          searched_start=sum(m.n for m in moves if m.start_searched) / n,
                          searched_final=sum(m.n for m in moves if m.final_searched) / n, moves=moves)
@@ -453,12 +457,7 @@ class AnswerKinds(BaseModel):
 def answer_kinds(folder: str | Path, ids: set[str] | None = None) -> AnswerKinds | None:
     """:class:`AnswerKinds` of one evidence folder (the questions both ends hold); None without both ends."""
     d = Path(folder)
-    start_p, final_p = d / "heldout_start.jsonl", d / "heldout_final.jsonl"
-    if not (start_p.is_file() and final_p.is_file()):
-        return None
-    final_by_id = {str(r["id"]): r for r in _rows(final_p)}
-    pairs = [(r, final_by_id[str(r["id"])]) for r in _rows(start_p)
-             if str(r["id"]) in final_by_id and (ids is None or str(r["id"]) in ids)]
+    pairs = _paired_ends(d, ids)
     if not pairs:
         return None
     kinds = [(answer_kind(a), answer_kind(b)) for a, b in pairs]
