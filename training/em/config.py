@@ -131,8 +131,8 @@ class EMLoopConfig(StrictModel):
         if self.sampling.rollout.n < 2 and self.selection.method == "importance" and self.selection.drop_single:
             problems.append("sampling.rollout.n must be >= 2 for importance weights (or set selection.drop_single)")
         if self.warmup.no_search_share:
-            problems.append("warmup.no_search_share is read by the RL warm-up only (training.rl.warmup); the EM loop's "
-                            "warm-up chats always search: remove it")
+            problems.append("warmup.no_search_share is read by the RL warm-up only (training.rl.warmup, which "
+                            "SmartSearch's teacher shares); the EM loop's warm-up chats always search: remove it")
         if problems:
             raise ConfigError("; ".join(problems))
         return self

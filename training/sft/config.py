@@ -74,11 +74,11 @@ class WarmupConfig(StrictModel):
     max_fact_words: int | None = Field(
         default=None, ge=1, description="Cut each fact/reasoning step to this many words (fits small budgets).")
     no_search_share: float = Field(
-        default=0.0, ge=0.0, lt=1.0, description="RL warm-up only: this share of the decomposition episodes is "
-        "rendered without a search (the agent answers from the question alone), chosen by a hash of the question id "
-        "(the same questions for every seed). The start policy then searches on only part of the questions, and RL "
-        "has to learn when searching pays. 0 = every episode searches (left out of dumps, so earlier warm-up keys "
-        "stay what they were).")
+        default=0.0, ge=0.0, lt=1.0, description="RL warm-up (and SmartSearch's teacher, which renders through "
+        "it): this share of the decomposition episodes is rendered without a search (the agent answers from the "
+        "question alone), chosen by a hash of the question id (the same questions for every seed). The start policy "
+        "then searches on only part of the questions, and RL has to learn when searching pays. 0 = every episode "
+        "searches (left out of dumps, so earlier warm-up keys stay what they were).")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Warm-up SFT engine settings.")
     timeout_s: int = Field(default=3600, ge=10, description="Prefect timeout of the warm-up SFT task.")
 

@@ -210,7 +210,7 @@ def test_no_search_share_renders_answers_without_a_search(name, sources, smol_to
     for row in rows:
         assert protocol.validate(row["response"]).ok
         assert protocol.extract_answer(row["response"]) is not None
-        assert all(gen for _, gen in row["segments"] if _.strip())  # nothing inserted: no document block
+        assert all(gen for text, gen in row["segments"] if text.strip())  # nothing inserted: no document block
 
 
 def test_no_search_share_is_left_out_of_dumps_at_zero() -> None:
