@@ -190,7 +190,7 @@ def test_tokenized_sft_two_steps_research(sources, smol_path, smol_tokenizer, tm
     assert train_sft_tokenized(cfg, tmp_path / "rows.jsonl", str(smol_path), tmp_path / "sft") == ref  # cached
 
 
-@pytest.mark.parametrize("name", ["searchr1", "research"])
+@pytest.mark.parametrize("name", ["searchr1", "research", "r1searcher", "smartsearch"])
 def test_no_search_share_renders_answers_without_a_search(name, sources, smol_tokenizer) -> None:
     """``WarmupConfig.no_search_share``: the chosen episodes (by question id, so the same for every seed) render as a
     valid answer with no search and no document; the others are untouched."""
