@@ -145,7 +145,9 @@ def test_answer_collapse_on_recorded_rows_with_the_replicates_collapse() -> None
 
 
 # every evidence folder (one written by report_learning has heldout_final.jsonl; search_value/ is a table, not a run)
-FIRING = {"searchr1_grpo", "searchr1_grpo_try4", "searchr1_grpo_try5"}  # recorded runs whose agent stopped searching
+# recorded runs whose agent stopped searching (ReSearch attempt 13: a start that never searched, and training went
+# from 0.19 searches per trajectory to none)
+FIRING = {"searchr1_grpo", "searchr1_grpo_try4", "searchr1_grpo_try5", "research_hops_mixed_try2"}
 OTHERS = sorted(p.name for p in LEARNING.iterdir()
                 if (p / "heldout_final.jsonl").exists() and p.name not in FIRING)
 
@@ -162,6 +164,16 @@ def test_search_r1_attempt_5_search_collapse_fires_on_its_heldout_rows() -> None
     alarms = evidence_alarms(LEARNING / "searchr1_grpo_try5")
     [alarm] = [a for a in alarms if a.name == "search_collapse" and a.where == "heldout_final"]
     assert alarm.value == pytest.approx(209 / 210, abs=0.01) and alarm.value < 0.5 * 2.0095
+
+
+def test_research_attempt_13_search_collapse_fires_in_training() -> None:
+    """Session 39's ReSearch attempt 13 (warm-up share 0.75): its sampled policy searched on 0.19 and 0.06 of its
+    trajectories in steps 1-2 and on 0.04 on average over steps 8-12, where the training alarm fires."""
+    alarms = evidence_alarms(LEARNING / "research_hops_mixed_try2")
+    assert {a.name for a in alarms} == {"search_collapse"}
+    [alarm] = alarms
+    assert alarm.where == "training" and alarm.step == 12
+    assert alarm.value == pytest.approx(0.0375) and alarm.value < alarm.threshold == pytest.approx(0.0625)
 
 
 @pytest.mark.parametrize("folder", OTHERS)
