@@ -76,9 +76,11 @@ class WarmupConfig(StrictModel):
     no_search_share: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="RL warm-up (and SmartSearch's teacher, which renders through "
         "it): this share of the decomposition episodes is rendered without a search (the agent answers from the "
-        "question alone), chosen by a hash of the question id (the same questions for every seed). The start policy "
-        "then searches on only part of the questions, and RL has to learn when searching pays. 0 = every episode "
-        "searches (left out of dumps, so earlier warm-up keys stay what they were).")
+        "question alone), chosen by a hash of the question id (the same questions for every seed). The sampled start "
+        "policy then searches on only part of its rollouts, and RL has to learn when searching pays; the greedy start "
+        "goes one way for nearly every question, which way depending on the seed (0.5: docs/results/learning, "
+        "session 39; 0.75 left too few searching rollouts to learn from). 0 = every episode searches (left out of "
+        "dumps, so earlier warm-up keys stay what they were).")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Warm-up SFT engine settings.")
     timeout_s: int = Field(default=3600, ge=10, description="Prefect timeout of the warm-up SFT task.")
 
