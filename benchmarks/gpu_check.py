@@ -9,7 +9,8 @@ downloaded) and prints ratios against baselines measured in the same run:
   inserted passages, 16 new tokens); greedy token streams compared row by row;
 - rollouts: ``run_rollouts`` (Search-R1 protocol, one forced search per trajectory so every trajectory continues
   after an insertion) with the prefix cache off / on, trajectories/s;
-- one GRPO step through the TRL engine (``training.rl.trl_engine.build_trainer``, search rollouts inside): the
+- GRPO steps through the TRL engine (``training.rl.trl_engine.build_trainer``, search rollouts inside; one warm-up
+  step, then ``--grpo-steps`` timed, their median kept and each step's rollout seconds beside it): the
   filed settings (full fine-tune, beta 0.001, fp32) and the learning presets' (``grpo_learn``: LoRA 16, beta 0,
   share_prompt, bf16 autocast where native), trajectories/min as a ratio, and (``grpo_each``, not in the
   default run) each of those switches alone; and one weighted SFT step
@@ -36,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -360,22 +362,27 @@ def _guarded(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def grpo_config(quick: bool, settings: dict[str, Any] | None = None) -> Any:
-    """The check's ``TRLSearchConfig``: the filed settings (full fine-tune, beta 0.001, fp32), ``settings`` on top."""
+def grpo_config(quick: bool, settings: dict[str, Any] | None = None, steps: int = 2) -> Any:
+    """The check's ``TRLSearchConfig``: the filed settings (full fine-tune, beta 0.001, fp32), ``settings`` on top.
+
+    ``steps`` is the number of GRPO steps run (the first is a warm-up, the rest are timed).
+    """
     from training.rl.config import TRLSearchConfig
 
-    return TRLSearchConfig(**{"num_generations": 4, "prompts_per_step": 2 if quick else 4, "max_steps": 2,
+    return TRLSearchConfig(**{"num_generations": 4, "prompts_per_step": 2 if quick else 4, "max_steps": steps,
                               "max_completion_length": 64 if quick else 256,
                               "max_tokens_per_turn": 32 if quick else 128, "save_steps": 100, "beta": 0.001,
                               "micro_batch_size": None, **(settings or {})})
 
 
 def bench_grpo(smol_model: Any, tok: Any, device: str, quick: bool,
-               settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Two GRPO steps through the TRL engine with search rollouts inside; the second is timed.
+               settings: dict[str, Any] | None = None, timed_steps: int = 1) -> dict[str, Any]:
+    """GRPO steps through the TRL engine with search rollouts inside: one warm-up step, then ``timed_steps`` timed.
 
     ``settings`` overrides the config (the ``grpo_learn`` section: the learning presets' LoRA, beta 0, share_prompt
-    and bf16 autocast, against the filed full fine-tune of the ``grpo`` section).
+    and bf16 autocast, against the filed full fine-tune of the ``grpo`` section). The step time kept is the median of
+    the timed steps (one timed step swung 2-3x between two runs on an H200 in session 40), and each step's rollout
+    seconds are recorded beside it, so that a ratio says whether the rollout or the update moved.
     """
     import torch
 
@@ -409,10 +416,20 @@ def bench_grpo(smol_model: Any, tok: Any, device: str, quick: bool,
     def reward(completions: list[Any], **kw: Any) -> list[float]:
         return [float(len(str(c)) % 7) / 7 for c in completions]  # any varied scalar: the step's cost is measured
 
-    cfg = grpo_config(quick, settings)
-    rollout_fn = engine_rollout_fn(proto, OverlapSearcher(), RolloutConfig(temperature=1.0, max_total_tokens=
-                                   cfg.max_completion_length, max_tokens_per_turn=cfg.max_tokens_per_turn),
-                                   batch_size=64)
+    cfg = grpo_config(quick, settings, steps=1 + max(1, timed_steps))
+    engine_rollout = engine_rollout_fn(proto, OverlapSearcher(), RolloutConfig(temperature=1.0, max_total_tokens=
+                                       cfg.max_completion_length, max_tokens_per_turn=cfg.max_tokens_per_turn),
+                                       batch_size=64)
+    rollout_s: list[float] = []
+
+    def rollout_fn(*args: Any, **kwargs: Any) -> Any:
+        _sync(device)
+        t0 = time.perf_counter()
+        out = engine_rollout(*args, **kwargs)
+        _sync(device)
+        rollout_s.append(time.perf_counter() - t0)
+        return out
+
     with tempfile.TemporaryDirectory() as tmp:
         smol_model.float().save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -423,12 +440,17 @@ def bench_grpo(smol_model: Any, tok: Any, device: str, quick: bool,
         trainer.train()
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
     trajs = cfg.prompts_per_step * cfg.num_generations
-    res = {"trajectories_per_step": trajs, "step_s": [round(s, 2) for s in steps], "peak_gib": round(peak, 2),
-           "trajectories_per_min": round(60 * trajs / steps[-1], 1) if steps else None}
+    timed = steps[1:] or steps
+    step_median = statistics.median(timed) if timed else None
+    res = {"trajectories_per_step": trajs, "step_s": [round(s, 2) for s in steps],
+           "rollout_s": [round(s, 2) for s in rollout_s], "peak_gib": round(peak, 2),
+           "step_median_s": round(step_median, 2) if step_median else None,
+           "trajectories_per_min": round(60 * trajs / step_median, 1) if step_median else None}
     if settings:
         res["settings"] = settings
     print(f"GRPO step (TRL engine, {trajs} trajectories, {settings or 'fp32 full fine-tune, beta 0.001'}): "
-          f"{res['step_s']} s, peak {peak:.2f} GiB", flush=True)
+          f"steps {res['step_s']} s (rollouts {res['rollout_s']} s), median of the timed {res['step_median_s']} s, "
+          f"peak {peak:.2f} GiB", flush=True)
     return res
 
 
@@ -514,6 +536,8 @@ def main() -> int:
     ap.add_argument("--batches", default=None, help="generation batch sizes, e.g. 1,16,64 (default: 1,16,64)")
     ap.add_argument("--decode-tokens", type=int, default=128, help="new tokens of the decode-heavy shape")
     ap.add_argument("--rows-per-batch", type=int, default=None, help="generation prompts per batch size x this")
+    ap.add_argument("--grpo-steps", type=int, default=3,
+                    help="timed GRPO steps per setting after one warm-up step (their median is kept)")
     ap.add_argument("--repeats", type=int, default=2, help="timed calls per generation path (best kept)")
     args = ap.parse_args()
 
@@ -549,10 +573,10 @@ def main() -> int:
         ("rollouts", lambda: bench_rollouts(model, tok, args.device, args.quick)),
         ("encoder", lambda: bench_encoder(Path(args.minilm_dir), args.device, args.quick)),
         ("sft", lambda: bench_sft(model, tok, args.device, args.quick)),
-        ("grpo", lambda: bench_grpo(model, tok, args.device, args.quick)),
-        ("grpo_learn", lambda: bench_grpo(model, tok, args.device, args.quick, LEARN_SETTINGS)),
+        ("grpo", lambda: bench_grpo(model, tok, args.device, args.quick, timed_steps=args.grpo_steps)),
+        ("grpo_learn", lambda: bench_grpo(model, tok, args.device, args.quick, LEARN_SETTINGS, args.grpo_steps)),
         ("grpo_each", lambda: {key: _guarded(lambda k=key, v=value: bench_grpo(model, tok, args.device, args.quick,
-                                                                              {k: v}))
+                                                                              {k: v}, args.grpo_steps))
                                for key, value in LEARN_SETTINGS.items()}),
     ]
     failed = []

@@ -22,6 +22,7 @@ def test_learning_settings_override_the_filed_ones() -> None:
     assert learn.num_generations * learn.prompts_per_step == filed.num_generations * filed.prompts_per_step == 16
     for key, value in gpu_check.LEARN_SETTINGS.items():  # grpo_each: one switch at a time
         assert getattr(gpu_check.grpo_config(quick=True, settings={key: value}), key) == value
+    assert filed.max_steps == 2 and gpu_check.grpo_config(quick=True, steps=4).max_steps == 4  # 1 warm-up + timed
 
 
 def test_skips_cleanly_without_cuda() -> None:
