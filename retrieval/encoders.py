@@ -186,9 +186,18 @@ def quantization_target() -> str:
     return "avx512_vnni" if "avx512_vnni" in flags else "avx512" if "avx512f" in flags else "avx2"
 
 
+# The int8 weight type of optimum's ``AutoQuantizationConfig.<target>(is_static=False)`` per kernel set: AVX2 without
+# VNNI quantizes weights unsigned. sentence-transformers names the int8 file after it (``model_quint8_avx2.onnx``);
+# tests/retrieval/test_query_backend.py checks this table against optimum.
+INT8_WEIGHTS = {"arm64": "qint8", "avx2": "quint8", "avx512": "qint8", "avx512_vnni": "qint8"}
+
+
 def onnx_file(backend: str) -> str:
     """The file, inside an exported folder, that ``backend`` ('onnx' or 'onnx-int8') loads."""
-    return "onnx/model.onnx" if backend == "onnx" else f"onnx/model_qint8_{quantization_target()}.onnx"
+    if backend == "onnx":
+        return "onnx/model.onnx"
+    target = quantization_target()
+    return f"onnx/model_{INT8_WEIGHTS[target]}_{target}.onnx"
 
 
 def export_onnx(path: str, backend: str, cache: Path | None = None) -> Path:
@@ -216,7 +225,8 @@ def export_onnx(path: str, backend: str, cache: Path | None = None) -> Path:
                                 backend="onnx", device="cpu")
     model.save_pretrained(str(tmp))
     if backend == "onnx-int8":
-        export_dynamic_quantized_onnx_model(model, quantization_target(), str(tmp))
+        export_dynamic_quantized_onnx_model(model, quantization_target(), str(tmp),
+                                            file_suffix=Path(want).stem.removeprefix("model_"))
     if target.exists():  # an fp32 export without the int8 file: replace it whole
         old = root / f".old-{target.name}-{uuid.uuid4().hex[:8]}"
         os.rename(target, old)

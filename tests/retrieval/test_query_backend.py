@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from retrieval.encoders import EncoderConfig, config_fingerprint, onnx_file, quantization_target
+from retrieval.encoders import INT8_WEIGHTS, EncoderConfig, config_fingerprint, onnx_file, quantization_target
 from retrieval.index import IndexBuildConfig, build_index, load_searcher
 from retrieval.open import RetrieverSpec
 
@@ -24,8 +24,19 @@ def test_query_backend_is_not_part_of_the_fingerprint_and_is_checked() -> None:
     with pytest.raises(ValueError, match="query_backend"):
         RetrieverSpec(index="some/dir", query_backend="tensorrt")
     assert onnx_file("onnx") == "onnx/model.onnx"
-    assert onnx_file("onnx-int8") == f"onnx/model_qint8_{quantization_target()}.onnx"
-    assert quantization_target() in ("avx512_vnni", "avx512", "avx2", "arm64")
+    target = quantization_target()
+    assert target in ("avx512_vnni", "avx512", "avx2", "arm64")
+    assert onnx_file("onnx-int8") == f"onnx/model_{INT8_WEIGHTS[target]}_{target}.onnx"
+
+
+def test_int8_file_names_follow_optimums_weight_types() -> None:
+    """The int8 file's name carries optimum's weight type for the target (unsigned on AVX2): a wrong name made
+    every AVX2-only CPU re-export and fail to load (session 42)."""
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    for target, weights in INT8_WEIGHTS.items():
+        config = getattr(AutoQuantizationConfig, target)(is_static=False)
+        assert config.weights_dtype.name.lower() == weights, target
 
 
 def test_unset_query_backend_leaves_dumps_and_keys_unchanged() -> None:
