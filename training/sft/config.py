@@ -78,8 +78,8 @@ class WarmupConfig(StrictModel):
         "it): this share of the decomposition episodes is rendered without a search (the agent answers from the "
         "question alone), chosen by a hash of the question id (the same questions for every seed). The sampled start "
         "policy then searches on only part of its rollouts, and RL has to learn when searching pays; the greedy start "
-        "searches on few or on most questions depending on the seed (0.5: 0.00-0.27 on ten ReSearch/R1-Searcher "
-        "seeds, 0.90-0.99 on two; docs/results/learning, sessions 39-41; 0.75 left too few searching rollouts to "
+        "searches on few or on most questions depending on the seed (0.5: 0.00-0.27 on eleven ReSearch/R1-Searcher "
+        "seeds, 0.90-0.99 on two; docs/results/learning, sessions 39-42; 0.75 left too few searching rollouts to "
         "learn from). 0 = every episode searches (left out of dumps, so earlier warm-up keys stay what they were).")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Warm-up SFT engine settings.")
     timeout_s: int = Field(default=3600, ge=10, description="Prefect timeout of the warm-up SFT task.")
