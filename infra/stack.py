@@ -196,10 +196,11 @@ def _online(worker: dict, since: float | None) -> bool:
 
 
 def _request(method: str, url: str, **kwargs: Any) -> httpx.Response:
-    """One call to the Prefect REST API, retried (4 tries, 0.5-4 s apart) on a dropped connection or a 503, which a
-    busy SQLite-backed server answers when a write waits on a lock (Prefect's own client retries these too)."""
+    """One call to the Prefect REST API, retried (6 tries, 0.5-4 s apart, ~11 s in all) on a dropped connection or a
+    503, which a busy SQLite-backed server answers when a write waits on a lock (Prefect's own client retries these
+    too). CI's shared cores once held such a lock past the 3.5 s of 4 tries (2026-11-30, a DELETE of a tag limit)."""
     retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(4), wait=tenacity.wait_exponential(multiplier=0.5, max=4), reraise=True,
+        stop=tenacity.stop_after_attempt(6), wait=tenacity.wait_exponential(multiplier=0.5, max=4), reraise=True,
         retry=tenacity.retry_if_exception_type(httpx.TransportError)
         | tenacity.retry_if_result(lambda r: r.status_code == 503),
         retry_error_callback=lambda state: state.outcome.result())  # the last 503 goes to the caller

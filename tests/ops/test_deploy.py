@@ -109,17 +109,16 @@ def test_gpu_job_templates_accepted_by_the_server(ops_stack):
 
 
 def test_gpu_pool_and_per_gpu_task_concurrency(ops_stack):
-    import httpx
+    from infra.stack import _request, apply_work_pool, limit_gpu_concurrency
 
-    from infra.stack import apply_work_pool, limit_gpu_concurrency
-
+    # the test's own calls retry a busy server's 503 like the library's (CI once got one on the DELETE below)
     api = ops_stack.cfg.prefect_api_url
     apply_work_pool(api, "gpu", "process")
     limit_gpu_concurrency(ops_stack.cfg, 2)  # what `searchloop up` does on a machine with 2 GPUs
     try:
-        assert httpx.get(f"{api}/work_pools/gpu").json()["concurrency_limit"] == 2
-        assert httpx.get(f"{api}/concurrency_limits/tag/gpu").json()["concurrency_limit"] == 2
+        assert _request("GET", f"{api}/work_pools/gpu").json()["concurrency_limit"] == 2
+        assert _request("GET", f"{api}/concurrency_limits/tag/gpu").json()["concurrency_limit"] == 2
     finally:  # the stack is shared by the session: later tests (test_dispatch) get the gpu pool without limits
         apply_work_pool(api, "gpu", "process")
-        httpx.delete(f"{api}/concurrency_limits/tag/gpu", timeout=10).raise_for_status()
-    assert httpx.get(f"{api}/work_pools/gpu").json()["concurrency_limit"] is None
+        _request("DELETE", f"{api}/concurrency_limits/tag/gpu", timeout=10).raise_for_status()
+    assert _request("GET", f"{api}/work_pools/gpu").json()["concurrency_limit"] is None
