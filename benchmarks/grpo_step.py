@@ -31,9 +31,11 @@ gradient up to float order, ``training/rl/shared_prompt.py``), ``ahead`` (``resa
 first two extra groups ride in the step's own rollout call, one batch, and what is still needed goes in one more
 call, instead of one call per extra group), ``shared_ahead`` (both), ``shared_grouped`` (``shared`` with
 ``loss_attention: grouped``: the loss's forward/backward with plain-matrix-product grouped attention instead of
-PyTorch's CPU flash attention) and ``old_steps`` (today's settings with the
-rollouts' decode steps as before session 35: ``torch.multinomial`` sampling and transformers building each step's
-mask; ``training.generation.decode.SAMPLER`` / ``STEP_MASK``), so the engine's own gain is measured in the run.
+PyTorch's CPU flash attention), ``top`` (LoRA on the top ``--top-layers`` decoder layers only, ``lora_layers``: the
+loss's backward stops at the lowest adapted layer), ``shared_grouped_top`` (both) and ``old_steps`` (today's
+settings with the rollouts' decode steps as before session 35: ``torch.multinomial`` sampling and transformers
+building each step's mask; ``training.generation.decode.SAMPLER`` / ``STEP_MASK``), so the engine's own gain is
+measured in the run.
 Dynamic sampling (``resample_flat_groups``) rolls out extra groups for the steps' flat ones, as many as chance
 makes flat: each variant's mean extra groups per measured step and its rollout seconds per trajectory rolled out
 (the step's and the extra ones) are printed, so a variant that drew more flat groups is read as such.
@@ -68,23 +70,29 @@ REPO = Path(__file__).resolve().parent.parent
 ORDER = ("today", "lora", "bf16", "beta0", "short")
 #: variants applied to ``today`` alone (not cumulative): the memory candidates
 EXTRA = ("ckpt", "micro2", "budget1k", "budget2k", "fixed_heap", "thp", "mmap128k", "mmap4m", "filed", "shared",
-         "ahead", "shared_ahead", "old_steps", "shared_grouped")
+         "ahead", "shared_ahead", "old_steps", "shared_grouped", "top", "shared_grouped_top")
 #: ``resample_ahead`` of the ``ahead`` variants: extra groups rolled out in the step's own rollout call
 AHEAD = 2
 #: ``filed``: the preset's questions, shapes and sampling with the cost settings of the GRPO presets when issue 27
 #: was filed (full fine-tune, fp32, beta 0.001 with a reference model copy, no loss token budget): ``today`` against
 #: it is the "trajectories trained per minute against today's preset settings" ratio, in one run (the engine's code
 #: is today's in both, so the gains of later code are not in it)
-FILED = {"lora_rank": None, "precision": "fp32", "beta": 0.001, "loss_token_budget": None}
+FILED = {"lora_rank": None, "lora_layers": None, "precision": "fp32", "beta": 0.001, "loss_token_budget": None}
 #: variants that fix the training's glibc mmap threshold elsewhere (bytes; ``infra.memory.TRAINING_THRESHOLD``)
 VARIANT_THRESHOLD = {"mmap128k": 128 << 10, "mmap4m": 4 << 20}
 #: variants run in a process with these environment variables (``--isolate`` only)
 VARIANT_ENV = {"thp": {"THP_MEM_ALLOC_ENABLE": "1"}}
 
 
-def variant_config(base: Any, name: str, lora_rank: int = 16) -> Any:
+def variant_config(base: Any, name: str, lora_rank: int = 16, top_layers: int = 10) -> Any:
     """The cumulative cheaper settings up to ``name`` (``today`` is the preset as is); ``EXTRA`` variants change
-    ``today`` alone."""
+    ``today`` alone (``top``: LoRA of ``today``'s rank, or ``lora_rank`` where today fine-tunes fully, on the top
+    ``top_layers`` decoder layers)."""
+    if name in ("top", "shared_grouped_top"):
+        upd = {"lora_rank": base.lora_rank or lora_rank, "lora_layers": top_layers}
+        if name == "shared_grouped_top":
+            upd.update(share_prompt=True, loss_attention="grouped")
+        return base.model_copy(update=upd)
     if name == "filed":
         return base.model_copy(update=FILED)
     if name == "ckpt":
@@ -346,7 +354,8 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
         c, p = r["cfg"], r["parts"]
         lines.append(
             f"| {r['name']} | {BF16_LABEL if resolved_precision(c) == 'bf16' else 'fp32'} | "
-            f"{c.lora_rank or 'full'} | {c.beta} | {'yes' if r['ref_model'] else 'no'} | {p['rollout']:.1f} | "
+            f"{c.lora_rank or 'full'}{f' top {c.lora_layers}' if c.lora_layers else ''} | {c.beta} | "
+            f"{'yes' if r['ref_model'] else 'no'} | {p['rollout']:.1f} | "
             f"{p['reference forward']:.1f} | {p['policy forward/backward']:.1f} | {p['optimizer']:.2f} | "
             f"{p['other']:.1f} | {r['step_s']:.1f} | {r['tokens_per_traj']:.0f} | {r['traj_per_min']:.1f} | "
             f"{r['traj_per_min'] / base['traj_per_min']:.2f} | {r.get('peak_rss_gb', float('nan')):.2f} | "
@@ -394,7 +403,7 @@ def run_isolated(args: argparse.Namespace, names: list[str]) -> int:
             out = Path(tmp) / "result.json"
             cmd = [sys.executable, str(Path(__file__).resolve()), "--preset", args.preset, "--variants", name,
                    "--warmup", str(args.warmup), "--steps", str(args.steps), "--threads", str(args.threads),
-                   "--lora-rank", str(args.lora_rank), "--child-out", str(out)]
+                   "--lora-rank", str(args.lora_rank), "--top-layers", str(args.top_layers), "--child-out", str(out)]
             if args.stage:
                 cmd += ["--stage", args.stage]
             if args.model:
@@ -427,6 +436,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--top-layers", type=int, default=10, help="decoder layers with LoRA adapters in the top "
+                        "variants (lora_layers)")
     parser.add_argument("--out", default=None, help="also write the markdown report here")
     parser.add_argument("--isolate", action="store_true", help="every variant in a fresh process (clean peaks)")
     parser.add_argument("--no-dynamic-sampling", action="store_true",
@@ -483,7 +494,7 @@ def main() -> int:
     out = REPO / ".searchloop" / "bench_grpo_step"
     results = []
     for name in names:
-        tcfg = variant_config(base, name, args.lora_rank)
+        tcfg = variant_config(base, name, args.lora_rank, args.top_layers)
         rollout = engine_rollout_fn(protocol, searcher, RolloutConfig(
             temperature=tcfg.temperature, best_of=1, max_tokens_per_turn=tcfg.max_tokens_per_turn,
             max_total_tokens=tcfg.max_completion_length, seed=tcfg.seed), batch_size=rollout_batch_size(tcfg))

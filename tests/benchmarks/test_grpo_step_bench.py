@@ -75,6 +75,19 @@ def test_shared_variant_turns_on_share_prompt_alone() -> None:
     assert "shared" in grpo_step.EXTRA
 
 
+def test_top_variants_put_todays_lora_on_the_top_layers() -> None:
+    from training.rl.config import TRLSearchConfig
+
+    base = TRLSearchConfig(lora_rank=16, num_generations=8, prompts_per_step=2, micro_batch_size=4)
+    assert grpo_step.variant_config(base, "top", top_layers=8) == base.model_copy(update={"lora_layers": 8})
+    both = grpo_step.variant_config(base, "shared_grouped_top")
+    assert (both.lora_layers, both.share_prompt, both.loss_attention) == (10, True, "grouped")
+    full = TRLSearchConfig(num_generations=8)  # a full fine-tune's top variant gets LoRA of --lora-rank
+    assert (grpo_step.variant_config(full, "top", lora_rank=4).lora_rank,) == (4,)
+    assert grpo_step.variant_config(base, "filed").lora_layers is None
+    assert {"top", "shared_grouped_top"} <= set(grpo_step.EXTRA)
+
+
 def test_ahead_and_old_steps_variants() -> None:
     """``ahead``/``shared_ahead`` turn on resample_ahead (and share_prompt); ``old_steps`` keeps today's settings and
     switches the decode steps back inside run_variant."""

@@ -48,6 +48,10 @@ class TRLSearchConfig(StrictModel):
     lora_rank: int | None = Field(
         default=None, ge=1, description="Train LoRA adapters of this rank on every linear layer (None: full "
         "fine-tune). With beta > 0 the reference is the policy with its adapters disabled (no model copy).")
+    lora_layers: int | None = Field(
+        default=None, ge=1, description="With lora_rank: adapters on the top N decoder layers only (peft "
+        "layers_to_transform), so the loss's backward pass stops at the lowest adapted layer and the layers below "
+        "keep no activations for it. None: every layer.")
     lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator (with lora_rank).")
     lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA dropout (with lora_rank).")
     precision: Literal["fp32", "bf16", "auto"] = Field(
@@ -90,6 +94,13 @@ class TRLSearchConfig(StrictModel):
         if self.micro_batch_size is not None and step % self.micro_batch_size:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step x "
                              f"num_generations = {step}")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_layers_need_lora(self) -> TRLSearchConfig:
+        if self.lora_layers is not None and self.lora_rank is None:
+            raise ValueError(f"lora_layers={self.lora_layers} puts LoRA adapters on the top layers, but lora_rank is "
+                             "unset (a full fine-tune): set lora_rank, or lora_layers to null")
         return self
 
     @model_validator(mode="after")
@@ -280,8 +291,8 @@ class RLConfig(StrictModel):
         """Short hash of the preset + overrides (its experiment directory, ``infra.paths.experiment_root``); the
         warm-up SFT's ``timeout_s``, the report-only ``eval.split_by`` and the process layout ``eval.isolate_start``
         are left out, so a re-run may change them and still reuse the directory; so is an unset
-        ``loss_token_budget`` or ``eval.chunk``, an off ``share_prompt``, a zero ``resample_ahead`` and the model's own
-        ``loss_attention`` (an unset
+        ``loss_token_budget``, ``lora_layers`` or ``eval.chunk``, an off ``share_prompt``, a zero ``resample_ahead``
+        and the model's own ``loss_attention`` (an unset
         ``prefix_cache_tokens`` is left out of every generator spec's dump)."""
         data = self.model_dump(mode="json")
         for runtime_only in ("split_by", "isolate_start"):  # report / process layout only: the run is reused
@@ -299,6 +310,8 @@ class RLConfig(StrictModel):
                 del stage["trl"]["resample_ahead"]
             if (stage.get("trl") or {}).get("loss_attention") == "model":
                 del stage["trl"]["loss_attention"]
+            if (stage.get("trl") or {}).get("lora_layers", 0) is None:
+                del stage["trl"]["lora_layers"]
         return config_hash(data)[:10]
 
     def eval_normalization(self) -> str:

@@ -18,14 +18,15 @@ same ``seed`` reproduces them, and a resumed run continues with the seeds of the
 
 Cost switches (``TRLSearchConfig``): ``lora_rank`` trains LoRA adapters instead of every weight, and the KL
 reference is then the same model with its adapters disabled (TRL's ``disable_adapter()``: no second model in
-memory); ``beta=0`` drops the reference forward pass altogether (TRL builds no reference model); ``precision=bf16``
-runs the policy's forward/backward in bfloat16 (accelerate autocast), allowed only where the hardware has native bf16
-(:func:`native_bf16`: a bf16 GPU, or the CPU flags ``avx512_bf16`` / ``amx_bf16``); ``precision=auto`` picks bf16
-there and fp32 elsewhere (:func:`resolved_precision`). The rollouts generate with
-:func:`rollout_policy`: LoRA adapters merged into the weights for the call (an unmerged adapter adds two small
-matmuls per layer and token), and with bf16 a bfloat16 copy of the weights (autocast re-casts every fp32 weight at
-every token: rollouts ran 2x slower than fp32 on this CPU; a copy costs one cast per step). The loss still scores
-the sampled tokens with the training policy. :func:`policy_for_saving` merges LoRA adapters back so a stage's
+memory); ``lora_layers`` puts them on the top N decoder layers only, so autograd records nothing below the lowest
+adapted layer and the loss's backward pass stops there; ``beta=0`` drops the reference forward pass altogether (TRL
+builds no reference model); ``precision=bf16`` runs the policy's forward/backward in bfloat16 (accelerate autocast),
+allowed only where the hardware has native bf16 (:func:`native_bf16`: a bf16 GPU, or the CPU flags ``avx512_bf16`` /
+``amx_bf16``); ``precision=auto`` picks bf16 there and fp32 elsewhere (:func:`resolved_precision`). The rollouts
+generate with :func:`rollout_policy`: LoRA adapters merged into the weights for the call (an unmerged adapter adds
+two small matmuls per layer and token), and with bf16 a bfloat16 copy of the weights (autocast re-casts every fp32
+weight at every token: rollouts ran 2x slower than fp32 on this CPU; a copy costs one cast per step). The loss still
+scores the sampled tokens with the training policy. :func:`policy_for_saving` merges LoRA adapters back so a stage's
 ``model/`` is a plain HF folder. ``loss_token_budget`` bounds the loss's activations by tokens instead of rows: a
 micro-batch longer than the budget is cut into parts of similar length (:func:`loss_parts`, each trimmed of its
 padding), each part's loss is weighted by its share of the micro-batch (:func:`part_weight`) and back-propagated in
@@ -34,8 +35,9 @@ smaller ``micro_batch_size`` it leaves the accumulation steps alone: TRL 0.24's 
 them, so halving the micro-batch also halves the step's gradient. ``share_prompt`` forwards each distinct prompt of
 a loss batch once and its completions on the prompt's key/value cache, with the step's rows put in micro-batches one
 prompt at a time (:mod:`training.rl.shared_prompt`; the same log-probs and gradient up to float order).
-``loss_attention: grouped`` runs the loss's forward/backward with ``training.generation.attention.grouped_attention``
-instead of sdpa on CPU (same values up to float order, without PyTorch's CPU flash-attention backward).
+``loss_attention: grouped`` runs the loss's forward/backward with
+``training.generation.attention.grouped_attention`` instead of sdpa on CPU (same values up to float order, without
+PyTorch's CPU flash-attention backward).
 ``benchmarks/grpo_step.py`` measures what each switch saves per step.
 
 Dynamic sampling (DAPO; ``TRLSearchConfig.resample_flat_groups``): a group whose rollouts all earn the same reward
@@ -129,14 +131,37 @@ def check_precision(cfg: TRLSearchConfig) -> None:
                           "this machine has neither, and emulated bf16 is slower than fp32: set trl.precision=fp32")
 
 
-def peft_config(cfg: TRLSearchConfig) -> Any:
-    """The peft ``LoraConfig`` of ``cfg`` (every linear layer), or None for a full fine-tune."""
+def peft_config(cfg: TRLSearchConfig, model: Any = None) -> Any:
+    """The peft ``LoraConfig`` of ``cfg``, or None for a full fine-tune: every linear layer but the output head
+    (peft's ``all-linear``), or with ``lora_layers`` the same linear layers of the top ``lora_layers`` decoder
+    layers of ``model`` (peft's ``layers_to_transform`` takes module names, not ``all-linear``)."""
     if cfg.lora_rank is None:
         return None
     from peft import LoraConfig
 
+    targets: Any = "all-linear"
+    layers = None
+    if cfg.lora_layers is not None:
+        if model is None:
+            raise ValueError("lora_layers needs the model, to name its linear layers and count its decoder layers")
+        n = int(model.config.num_hidden_layers)
+        if cfg.lora_layers > n:
+            raise ValueError(f"lora_layers={cfg.lora_layers} is more than the model's {n} decoder layers: set "
+                             f"lora_layers to at most {n}, or null for every layer")
+        targets = linear_layer_names(model)
+        layers = list(range(n - cfg.lora_layers, n))
     return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules="all-linear", task_type="CAUSAL_LM")
+                      target_modules=targets, layers_to_transform=layers, task_type="CAUSAL_LM")
+
+
+def linear_layer_names(model: Any) -> list[str]:
+    """The distinct last names of ``model``'s ``nn.Linear`` modules, the output head left out: what peft's
+    ``all-linear`` selects, as a list (``q_proj``, ``k_proj``, ... for a LLaMA-type model)."""
+    import torch
+
+    head = model.get_output_embeddings()
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.Linear) and module is not head})
 
 
 def policy_for_saving(model: Any) -> Any:
@@ -588,7 +613,7 @@ def build_trainer(cfg: TRLSearchConfig, model_path: str, rows: list[dict[str, An
     model = AutoModelForCausalLM.from_pretrained(model_path)
     cls = trainer_class()
     return cls(model=model, reward_funcs=list(reward_funcs), args=grpo_args(cfg, output_dir),
-               train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config(cfg),
+               train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config(cfg, model),
                callbacks=[*(callbacks or []), progress_callback(), heap_callback()], rollout_fn=rollout_fn,
                resample_flat_groups=cfg.resample_flat_groups, loss_token_budget=cfg.loss_token_budget,
                share_prompt=cfg.share_prompt, resample_ahead=cfg.resample_ahead, loss_attention=cfg.loss_attention)
