@@ -39,6 +39,8 @@ measured in the run.
 Dynamic sampling (``resample_flat_groups``) rolls out extra groups for the steps' flat ones, as many as chance
 makes flat: each variant's mean extra groups per measured step and its rollout seconds per trajectory rolled out
 (the step's and the extra ones) are printed, so a variant that drew more flat groups is read as such.
+``--frozen-policy`` keeps every variant's policy at the start policy (learning rate ``FROZEN_LR``), so that from the
+same seeds the variants roll out the same trajectories and are compared on the same work.
 Each variant's minor page faults and system CPU seconds per step (``getrusage``, warm-up step included) are printed
 next to its time: the price of the fixed mmap threshold (``infra.memory``).
 Each variant's peak RSS during its measured steps is sampled (every 0.1 s), overall and by the phase it was sampled
@@ -78,6 +80,8 @@ AHEAD = 2
 #: it is the "trajectories trained per minute against today's preset settings" ratio, in one run (the engine's code
 #: is today's in both, so the gains of later code are not in it)
 FILED = {"lora_rank": None, "lora_layers": None, "precision": "fp32", "beta": 0.001, "loss_token_budget": None}
+#: ``--frozen-policy``: a learning rate whose AdamW updates (about lr per weight) are lost in fp32 rounding
+FROZEN_LR = 1e-30
 #: variants that fix the training's glibc mmap threshold elsewhere (bytes; ``infra.memory.TRAINING_THRESHOLD``)
 VARIANT_THRESHOLD = {"mmap128k": 128 << 10, "mmap4m": 4 << 20}
 #: variants run in a process with these environment variables (``--isolate`` only)
@@ -339,7 +343,7 @@ def report(preset: str, env_before: dict, env_after: dict, results: list[dict], 
              f"Preset step: {c.prompts_per_step} prompts x {c.num_generations} generations = "
              f"{c.prompts_per_step * c.num_generations} trajectories, micro_batch_size={c.micro_batch_size}, "
              f"loss_token_budget={c.loss_token_budget}, resample_flat_groups={c.resample_flat_groups}, "
-             f"beta={c.beta}, max_completion_length={c.max_completion_length}, "
+             f"beta={c.beta}, learning_rate={c.learning_rate:g}, max_completion_length={c.max_completion_length}, "
              f"max_tokens_per_turn={c.max_tokens_per_turn}. {warmup} warm-up step(s) then {steps} measured step(s) "
              "per variant (mean seconds per measured step).", "",
              f"Machine: CPU flags {env_before['cpu_flags']}, native bf16: {env_before['native_bf16']}, torch "
@@ -410,6 +414,8 @@ def run_isolated(args: argparse.Namespace, names: list[str]) -> int:
                 cmd += ["--model", args.model]
             if args.no_dynamic_sampling:
                 cmd += ["--no-dynamic-sampling"]
+            if args.frozen_policy:
+                cmd += ["--frozen-policy"]
             subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(REPO), **VARIANT_ENV.get(name, {})))
             for r in json.loads(out.read_text()):
                 env_before = env_before or r.pop("env")
@@ -443,6 +449,12 @@ def main() -> int:
     parser.add_argument("--no-dynamic-sampling", action="store_true",
                         help="resample_flat_groups 0 in every variant: each step rolls out its own 16 trajectories "
                              "only, so the variants' costs are compared without the chance of drawing flat groups")
+    parser.add_argument("--frozen-policy", action="store_true",
+                        help=f"learning rate {FROZEN_LR:g} in every variant: AdamW's updates are below fp32's "
+                             "resolution, so every variant's policy stays the start policy and, from the same seeds, "
+                             "rolls out the same trajectories: the variants' costs compare on the same work (a full "
+                             "fine-tune at the preset's learning rate can break its policy after one step and roll "
+                             "out shorter trajectories, which flatters it)")
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)  # one variant, its result as JSON
     args = parser.parse_args()
     names = [v for v in args.variants.split(",") if v]
@@ -476,6 +488,8 @@ def main() -> int:
     base = stage.trl
     if args.no_dynamic_sampling:
         base = base.model_copy(update={"resample_flat_groups": 0})
+    if args.frozen_policy:
+        base = base.model_copy(update={"learning_rate": FROZEN_LR})
     if not native_bf16():
         names = [v for v in names if v in EXTRA or ORDER.index(v) != ORDER.index("bf16")]
         print("no native bf16 here (avx512_bf16/amx_bf16): bf16 variants skipped", file=sys.stderr)

@@ -88,6 +88,13 @@ def test_top_variants_put_todays_lora_on_the_top_layers() -> None:
     assert {"top", "shared_grouped_top"} <= set(grpo_step.EXTRA)
 
 
+def test_frozen_policy_learning_rate_is_lost_in_fp32_rounding() -> None:
+    torch = pytest.importorskip("torch")
+
+    weights = torch.tensor([1e-3, 0.05, 2.0, -0.7])  # AdamW moves a weight by about lr (plus lr x decay x weight)
+    assert torch.equal(weights - grpo_step.FROZEN_LR * (1 + 0.01 * weights), weights)
+
+
 def test_ahead_and_old_steps_variants() -> None:
     """``ahead``/``shared_ahead`` turn on resample_ahead (and share_prompt); ``old_steps`` keeps today's settings and
     switches the decode steps back inside run_variant."""
