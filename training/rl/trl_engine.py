@@ -139,6 +139,8 @@ def peft_config(cfg: TRLSearchConfig, model: Any = None) -> Any:
         return None
     from peft import LoraConfig
 
+    from infra.errors import ConfigError
+
     targets: Any = "all-linear"
     layers = None
     if cfg.lora_layers is not None:
@@ -146,7 +148,7 @@ def peft_config(cfg: TRLSearchConfig, model: Any = None) -> Any:
             raise ValueError("lora_layers needs the model, to name its linear layers and count its decoder layers")
         n = int(model.config.num_hidden_layers)
         if cfg.lora_layers > n:
-            raise ValueError(f"lora_layers={cfg.lora_layers} is more than the model's {n} decoder layers: set "
+            raise ConfigError(f"lora_layers={cfg.lora_layers} is more than the model's {n} decoder layers: set "
                              f"lora_layers to at most {n}, or null for every layer")
         targets = linear_layer_names(model)
         layers = list(range(n - cfg.lora_layers, n))

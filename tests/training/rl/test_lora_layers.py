@@ -98,7 +98,9 @@ def test_bad_lora_layers_are_refused_with_the_fix(four_layer_model_dir) -> None:
     with pytest.raises(ValidationError):
         TRLSearchConfig(lora_rank=4, lora_layers=0)
     model = AutoModelForCausalLM.from_pretrained(str(four_layer_model_dir))
-    with pytest.raises(ValueError, match="more than the model's 4 decoder layers: set lora_layers to at most 4"):
+    from infra.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="more than the model's 4 decoder layers: set lora_layers to at most 4"):
         peft_config(TRLSearchConfig(lora_rank=4, lora_layers=5), model)
     with pytest.raises(ValueError, match="needs the model"):
         peft_config(TRLSearchConfig(lora_rank=4, lora_layers=2))
