@@ -80,7 +80,9 @@ AHEAD = 2
 #: it is the "trajectories trained per minute against today's preset settings" ratio, in one run (the engine's code
 #: is today's in both, so the gains of later code are not in it)
 FILED = {"lora_rank": None, "lora_layers": None, "precision": "fp32", "beta": 0.001, "loss_token_budget": None}
-#: ``--frozen-policy``: a learning rate whose AdamW updates (about lr per weight) are lost in fp32 rounding
+#: ``--frozen-policy``: a learning rate whose AdamW updates (about lr per weight) are lost in fp32 rounding of every
+#: non-zero weight; LoRA's B, which starts at 0, moves to about lr, and its product with A is lost against the base
+#: weight it is merged into
 FROZEN_LR = 1e-30
 #: variants that fix the training's glibc mmap threshold elsewhere (bytes; ``infra.memory.TRAINING_THRESHOLD``)
 VARIANT_THRESHOLD = {"mmap128k": 128 << 10, "mmap4m": 4 << 20}
@@ -451,7 +453,8 @@ def main() -> int:
                              "only, so the variants' costs are compared without the chance of drawing flat groups")
     parser.add_argument("--frozen-policy", action="store_true",
                         help=f"learning rate {FROZEN_LR:g} in every variant: AdamW's updates are below fp32's "
-                             "resolution, so every variant's policy stays the start policy and, from the same seeds, "
+                             "resolution of the weights (and of the merged weights, for LoRA's zero-started B), so "
+                             "every variant's policy stays the start policy and, from the same seeds, "
                              "rolls out the same trajectories: the variants' costs compare on the same work (a full "
                              "fine-tune at the preset's learning rate can break its policy after one step and roll "
                              "out shorter trajectories, which flatters it)")

@@ -88,11 +88,21 @@ def test_top_variants_put_todays_lora_on_the_top_layers() -> None:
     assert {"top", "shared_grouped_top"} <= set(grpo_step.EXTRA)
 
 
-def test_frozen_policy_learning_rate_is_lost_in_fp32_rounding() -> None:
+def test_frozen_policy_learning_rate_leaves_the_policy_as_it_was() -> None:
+    """One AdamW step at ``FROZEN_LR`` on a full weight and a LoRA pair (B starts at 0): the full weight and the
+    merged weight W + B @ A are bit-for-bit the start's, so every variant keeps rolling out the start policy."""
     torch = pytest.importorskip("torch")
 
-    weights = torch.tensor([1e-3, 0.05, 2.0, -0.7])  # AdamW moves a weight by about lr (plus lr x decay x weight)
-    assert torch.equal(weights - grpo_step.FROZEN_LR * (1 + 0.01 * weights), weights)
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 8, generator=g) * 0.05)
+    a = torch.nn.Parameter(torch.randn(2, 8, generator=g) * 0.05)
+    b = torch.nn.Parameter(torch.zeros(8, 2))
+    w0, merged0 = w.detach().clone(), (w + b @ a).detach().clone()
+    x = torch.randn(4, 8, generator=g)
+    (x @ (w + b @ a).T).pow(2).sum().backward()
+    torch.optim.AdamW([w, a, b], lr=grpo_step.FROZEN_LR, weight_decay=0.01).step()
+    assert b.abs().max() > 0  # the step did move B, off its zero start ...
+    assert torch.equal(w.detach(), w0) and torch.equal((w + b @ a).detach(), merged0)  # ... by nothing W can hold
 
 
 def test_ahead_and_old_steps_variants() -> None:
