@@ -52,7 +52,7 @@ def test_order_by_prompt_makes_each_prompt_consecutive() -> None:
     assert order_by_prompt(batch, "bnpo") is batch  # its normaliser depends on the micro-batches: TRL's order
 
 
-def _trainer(model_dir, out_dir, lora_rank: int | None):
+def _trainer(model_dir, out_dir, lora_rank: int | None, lora_layers: int | None = None):
     from training.rl.config import TRLSearchConfig
     from training.rl.trl_engine import build_trainer
 
@@ -63,7 +63,7 @@ def _trainer(model_dir, out_dir, lora_rank: int | None):
         return [0.0] * len(completions)
 
     trl = TRLSearchConfig(num_generations=6, prompts_per_step=1, max_steps=1, beta=0.0, max_completion_length=16,
-                          micro_batch_size=6, lora_rank=lora_rank)
+                          micro_batch_size=6, lora_rank=lora_rank, lora_layers=lora_layers)
     trainer = build_trainer(trl, str(model_dir), [{"prompt": "q"}], [reward], never, str(out_dir))
     trainer.model.train()
     if lora_rank:  # PEFT initialises LoRA's B to zero: give the adapters a value so their gradient paths differ
@@ -132,6 +132,22 @@ def test_trainer_loss_with_shared_prompts_gives_the_same_gradient(tiny_model_dir
     for a, b in zip(base, shared, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("budget", [None, 40])
+def test_shared_prompts_with_lora_on_the_top_layer_give_the_same_gradient(tiny_model_dir, tmp_path, budget) -> None:
+    """``share_prompt`` with ``lora_layers`` (both on in SmartSearch attempt 2's preset): the loss and the top layer's
+    adapter gradients equal TRL's forward of every row's prompt + completion."""
+    trainer = _trainer(tiny_model_dir, tmp_path, 4, lora_layers=1)
+    assert {int(n.split(".layers.")[1].split(".")[0]) for n, _ in trainer.model.named_parameters()
+            if "lora_" in n} == {1}  # the top one of two
+    batch = _batch(vocab=trainer.model.config.vocab_size)
+    base_loss, base = _loss_grads(trainer, batch, False, budget)
+    shared_loss, shared = _loss_grads(trainer, batch, True, budget)
+    assert shared_loss == pytest.approx(base_loss, rel=1e-5, abs=1e-7)
+    assert len(shared) == len(base) and any(g.abs().sum() > 0 for g in base)
+    for a, b in zip(base, shared, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
 
 def test_budget_parts_count_a_shared_prompt_once() -> None:
     batch = order_by_prompt(_batch(), "grpo")  # rows 0-2 prompt 0 (7 tokens), 3-4 prompt 1 (4), 5 prompt 2 (10)
