@@ -139,7 +139,6 @@ def test_trainer_loss_with_shared_prompts_gives_the_same_gradient(tiny_model_dir
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
 
 
-
 def test_budget_parts_count_a_shared_prompt_once() -> None:
     batch = order_by_prompt(_batch(), "grpo")  # rows 0-2 prompt 0 (7 tokens), 3-4 prompt 1 (4), 5 prompt 2 (10)
     # prompt 0's three rows cost 7 + 3 x 8 = 31 tokens with the prompt once, 3 x (7 + 8) = 45 without
