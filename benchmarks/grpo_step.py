@@ -449,7 +449,8 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="also write the markdown report here")
     parser.add_argument("--isolate", action="store_true", help="every variant in a fresh process (clean peaks)")
     parser.add_argument("--no-dynamic-sampling", action="store_true",
-                        help="resample_flat_groups 0 in every variant: each step rolls out its own 16 trajectories "
+                        help="resample_flat_groups and resample_ahead 0 in every variant: each step rolls out its own "
+                             "16 trajectories "
                              "only, so the variants' costs are compared without the chance of drawing flat groups")
     parser.add_argument("--frozen-policy", action="store_true",
                         help=f"learning rate {FROZEN_LR:g} in every variant: AdamW's updates are below fp32's "
@@ -490,7 +491,7 @@ def main() -> int:
     stage = next(s for s in cfg.stages if args.stage in (None, s.name))
     base = stage.trl
     if args.no_dynamic_sampling:
-        base = base.model_copy(update={"resample_flat_groups": 0})
+        base = base.model_copy(update={"resample_flat_groups": 0, "resample_ahead": 0})  # no extras to roll ahead
     if args.frozen_policy:
         base = base.model_copy(update={"learning_rate": FROZEN_LR})
     if not native_bf16():
