@@ -36,6 +36,11 @@ Kind = Literal["query", "passage"]
 MINILM_ALIASES = {"minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
 #: queries per encoder forward pass on CPU (issue 26 item 7; measured in docs/results/engines/session29)
 QUERY_BATCH_SIZE = 16
+#: what one more forward pass costs, in padded tokens, when a CPU query call is cut into length groups
+#: (:func:`length_groups`; issue 26 item 7, measured in docs/results/engines/session48)
+GROUP_OVERHEAD_TOKENS = 16
+#: the most queries one length group holds
+MAX_GROUP_QUERIES = 64
 #: the ``kind`` in a distilled query encoder's manifest (retrieval.distill)
 QUERY_MODEL_KIND = "distilled-query-encoder"
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
@@ -64,11 +69,11 @@ class EncoderConfig(StrictModel):
     batch_size: int = Field(default=64, ge=1, description="Texts per forward pass.")
     query_batch_size: int | None = Field(
         default=None, ge=1,
-        description="Queries per forward pass; None = 16 on CPU (QUERY_BATCH_SIZE) and batch_size on other devices. "
-        "sentence-transformers sorts a call's texts by length before it cuts them into batches, so small batches of "
-        "queries pad little: a random batch of 30 dev questions is 56% real tokens, sorted groups of 16 are 74-82%; "
-        "16 encoded fastest on a 2-core CPU (docs/results/engines/session29; not measured on a GPU). Not part of "
-        "the fingerprint.",
+        description="Queries per forward pass; None = length groups on CPU (length_groups: a call's queries sorted by "
+        "token length and cut where one more forward pass costs less than the padding it saves, 10-12% less CPU per "
+        "query than sorted groups of 16 at 30 queries a call, docs/results/engines/session48) and batch_size on "
+        "other devices. A number = sorted groups of that many (sentence-transformers' own batching: a random batch "
+        "of 30 dev questions is 56% real tokens, sorted groups of 16 are 74-82%). Not part of the fingerprint.",
     )
     max_length: int | None = Field(
         default=256, ge=8, description="Truncate inputs to this many tokens (None = the model's own limit)."
@@ -159,6 +164,29 @@ def query_batch(cfg: EncoderConfig, device: str) -> int:
     if cfg.query_batch_size is not None:
         return cfg.query_batch_size
     return QUERY_BATCH_SIZE if device == "cpu" else cfg.batch_size
+
+
+def length_groups(lengths: list[int], overhead: int = GROUP_OVERHEAD_TOKENS,
+                  max_group: int = MAX_GROUP_QUERIES) -> list[list[int]]:
+    """Cut texts of these token lengths into forward passes with the fewest padded tokens plus ``overhead`` per pass.
+
+    The texts are sorted by length and cut by dynamic programming: a group costs ``overhead + size x its longest``
+    (what a padded forward pass computes), and the cuts minimize the total. Returns the groups as lists of indexes
+    into ``lengths``, shortest texts first; every index appears once.
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    best = [0] + [0] * len(order)
+    cut = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        longest = lengths[order[end - 1]]
+        best[end], cut[end] = min((best[start] + overhead + (end - start) * longest, start)
+                                  for start in range(max(0, end - max_group), end))
+    groups: list[list[int]] = []
+    end = len(order)
+    while end > 0:
+        groups.append(order[cut[end]:end])
+        end = cut[end]
+    return groups[::-1]
 
 
 def _pick_dtype(dtype: str, device: str) -> Any:
@@ -323,6 +351,7 @@ class SentenceTransformerEncoder:
         self.dim = int(self._model.get_sentence_embedding_dimension())
         self.fingerprint = config_fingerprint(cfg)
         self.query_batch_size = query_batch(cfg, device)
+        self.group_queries = device == "cpu" and cfg.query_batch_size is None
         if cfg.query_backend != "torch" and device != "cpu":
             raise ConfigError(f"encoder.query_backend={cfg.query_backend!r} runs on the CPU, but the encoder's device "
                               f"is {device!r}; use query_backend='torch' on {device}")
@@ -355,6 +384,8 @@ class SentenceTransformerEncoder:
         prefix = self.query_prefix if kind == "query" else self.passage_prefix
         inputs = [prefix + t for t in texts] if prefix else list(texts)
         model = self._query_model if kind == "query" else self._model
+        if kind == "query" and self.group_queries and len(inputs) > 1:
+            return self._encode_grouped(model, inputs)
         out = model.encode(
             inputs,
             batch_size=self.query_batch_size if kind == "query" else self.cfg.batch_size,
@@ -364,6 +395,28 @@ class SentenceTransformerEncoder:
         )
         out = np.ascontiguousarray(out, dtype=np.float32)
         if self.cfg.normalize:  # re-normalize in fp32 (a bf16/fp16 model's own normalization is ~1e-3 off)
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out
+
+
+    def _encode_grouped(self, model: Any, inputs: list[str]) -> np.ndarray:
+        """Queries on CPU: tokenized once, cut into :func:`length_groups`, one forward pass per group."""
+        import torch
+
+        features = model.tokenize(inputs)
+        mask = features["attention_mask"]
+        lengths = mask.sum(dim=1).tolist()
+        right = bool(mask[:, 0].all())  # right padding: every text starts at column 0
+        out = np.empty((len(inputs), self.dim), dtype=np.float32)
+        with torch.inference_mode():
+            for group in length_groups(lengths):
+                width = max(lengths[i] for i in group)
+                cols = slice(0, width) if right else slice(mask.shape[1] - width, None)
+                rows = torch.tensor(group)
+                part = {name: value[rows][:, cols] if value.dim() == 2 and value.shape == mask.shape else value[rows]
+                        for name, value in features.items()}
+                out[group] = model.forward(part)["sentence_embedding"].float().numpy()
+        if self.cfg.normalize:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
 

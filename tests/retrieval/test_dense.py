@@ -154,3 +154,34 @@ def test_queries_encode_in_small_sorted_batches_with_the_same_vectors(monkeypatc
     enc.encode(texts, "passage")
     assert seen == [2, 64]
     assert np.allclose(small, whole, atol=1e-5)
+
+
+def test_length_groups_cover_every_text_once_and_cut_where_padding_costs_more() -> None:
+    from retrieval.encoders import length_groups
+
+    assert length_groups([]) == []
+    assert length_groups([7]) == [[0]]
+    groups = length_groups([10, 40, 11, 12, 41, 10], overhead=16)
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    assert [sorted(g) for g in groups] == [[0, 2, 3, 5], [1, 4]]  # short and long apart: 16 + 4 x 12 + 16 + 2 x 41
+    assert length_groups([10, 40, 11, 12, 41, 10], overhead=1000) == [[0, 5, 2, 3, 1, 4]]  # one pass when passes cost
+    assert all(len(g) <= 3 for g in length_groups([9] * 10, overhead=1000, max_group=3))
+
+
+@pytest.mark.slow
+def test_cpu_queries_encode_in_length_groups_with_the_same_vectors(monkeypatch) -> None:
+    """With no query_batch_size on CPU, queries are tokenized once and run in length groups, one forward pass each;
+    in fp32 the vectors equal sentence-transformers' own encode of all of them."""
+    from retrieval.encoders import SentenceTransformerEncoder
+
+    enc = SentenceTransformerEncoder(EncoderConfig(dtype="float32", device="cpu"))
+    assert enc.group_queries
+    widths: list[int] = []
+    forward = enc._query_model.forward
+    monkeypatch.setattr(enc._query_model, "forward",
+                        lambda features: widths.append(features["input_ids"].shape[1]) or forward(features))
+    texts = ["who wrote it", "when was the director of the film Ed Wood born and where did he die", "food", "baby"]
+    grouped = enc.encode(texts, "query")
+    assert len(widths) >= 2 and min(widths) < max(widths)  # the short queries did not pad to the long one
+    whole = SentenceTransformerEncoder(EncoderConfig(dtype="float32", query_batch_size=64)).encode(texts, "query")
+    assert np.allclose(grouped, whole, atol=1e-5)

@@ -1,0 +1,115 @@
+"""Length groups against sorted groups of 16 for a dense index's queries on CPU, from ONE run (issue 26 item 7).
+
+A served dense search is mostly the query encoder's forward passes. sentence-transformers sorts a call's queries by
+length and cuts them into fixed groups (16 on CPU before session 48), so a call of 30 queries pads to the longest of
+each half; ``retrieval.encoders.length_groups`` cuts the sorted queries where one more forward pass costs less than
+the padding it saves (``SentenceTransformerEncoder._encode_grouped``, the CPU default since session 48). For each
+query backend and call size (30: a server batch at 64 clients and 2 workers; 64: the in-process reference), this
+prints, over the same queries and interleaved rounds:
+
+- CPU ms per query of ``searcher.search`` (one thread) with sorted groups of 16 (the baseline) and with length
+  groups, and the ratio baseline / length groups (> 1: length groups are cheaper);
+- agreement of the two paths' top-1 passage and top-5 set, beside the agreement of the baseline with itself when
+  the same queries come in calls of the other size (a query's padding, hence its bf16/int8 vector, already
+  depends on the call it lands in).
+
+Example (session 48): ``PYTHONPATH=. python benchmarks/query_grouping.py --backends torch,onnx-int8 --work-dir <w>``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def search_ms(searcher: Any, queries: list[str], call: int, grouped: bool) -> float:
+    """CPU ms per query of searching ``queries`` in calls of ``call`` (this thread's CPU time)."""
+    searcher.encoder.group_queries = grouped
+    c0 = time.thread_time()
+    for i in range(0, len(queries), call):
+        searcher.search(queries[i:i + call], 5)
+    return 1000 * (time.thread_time() - c0) / len(queries)
+
+
+def top5(searcher: Any, queries: list[str], call: int, grouped: bool) -> np.ndarray:
+    """Row ids of the top 5 passages per query, the queries searched in calls of ``call``."""
+    searcher.encoder.group_queries = grouped
+    vectors = np.concatenate([searcher.encoder.encode(queries[i:i + call], "query")
+                              for i in range(0, len(queries), call)])
+    return searcher.index.search(np.ascontiguousarray(vectors, dtype=np.float32), 5)[1]
+
+
+def agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """(share of equal top-1, share of equal top-5 sets)."""
+    return float(np.mean(a[:, 0] == b[:, 0])), float(np.mean([set(x) == set(y) for x, y in zip(a, b, strict=True)]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--backends", default="torch", help="Comma list of query backends (torch, onnx, onnx-int8).")
+    p.add_argument("--calls", default="30,64", help="Queries per search call.")
+    p.add_argument("--queries", type=int, default=960, help="Unique dev questions timed and compared.")
+    p.add_argument("--rounds", type=int, default=3, help="Interleaved timed rounds per path (median).")
+    p.add_argument("--passages", type=int, default=1000, help="Passages of the mini corpus in the dense index.")
+    p.add_argument("--work-dir", type=Path, default=None, help="Keep (and reuse) the built index here.")
+    args = p.parse_args(argv)
+    import tempfile
+
+    import torch
+
+    from benchmarks.server_throughput import build, load_queries
+    from infra.machine import describe
+    from retrieval.index import load_searcher
+
+    torch.set_num_threads(1)
+    print(f"machine: {describe()}", flush=True)
+    queries = load_queries(args.queries)
+    calls = [int(c) for c in args.calls.split(",")]
+    print(f"{len(queries)} unique queries, calls of {calls}, 1 thread, load average {os.getloadavg()[0]:.1f}",
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="searchloop-grouping-") as tmp:
+        work = args.work_dir or Path(tmp)
+        index_dir = build("dense", args.passages, work)  # reused when the same index is already there
+        rows = []
+        for backend in args.backends.split(","):
+            searcher = load_searcher(index_dir, backend.strip(), None)
+            searcher.search(queries[:64], 5)
+            if not hasattr(searcher.encoder, "group_queries"):
+                raise SystemExit(f"{backend}: the encoder has no length groups (group_queries); nothing to compare")
+            dtype = (str(next(iter(searcher.encoder._model.parameters())).dtype).replace("torch.", "")
+                     if backend.strip() == "torch" else "onnxrt")
+            for call in calls:
+                times: dict[bool, list[float]] = {False: [], True: []}
+                for _ in range(args.rounds):
+                    for grouped in (False, True):
+                        times[grouped].append(search_ms(searcher, queries, call, grouped))
+                base, new = statistics.median(times[False]), statistics.median(times[True])
+                other = next((c for c in calls if c != call), call)
+                same = agreement(top5(searcher, queries, call, False), top5(searcher, queries, call, True))
+                itself = agreement(top5(searcher, queries, call, False), top5(searcher, queries, other, False))
+                rows.append((backend, dtype, call, base, new, same, other, itself))
+                print(f"[{backend}] calls of {call}: sorted groups of 16 {base:.2f} ms/q "
+                      f"({', '.join(f'{t:.2f}' for t in times[False])}), length groups {new:.2f} ms/q "
+                      f"({', '.join(f'{t:.2f}' for t in times[True])}): ratio {base / new:.2f}", flush=True)
+    print("\nbackend    dtype     call  groups of 16 ms/q  length groups ms/q  ratio  top-1 same  top-5 same  "
+          "(groups of 16 vs itself in calls of the other size: top-1, top-5)")
+    for backend, dtype, call, base, new, same, other, itself in rows:
+        print(f"{backend:<10} {dtype:<9} {call:>4}  {base:17.2f}  {new:18.2f}  {base / new:5.2f}  {same[0]:10.3f}  "
+              f"{same[1]:10.3f}  (calls of {other}: {itself[0]:.3f}, {itself[1]:.3f})")
+
+
+if __name__ == "__main__":
+    main()
