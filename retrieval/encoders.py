@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 Kind = Literal["query", "passage"]
 
 MINILM_ALIASES = {"minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
-#: queries per encoder forward pass on CPU (issue 26 item 7; measured in docs/results/engines/session29)
+#: queries per encoder forward pass on CPU for one-query calls (a call of several queries is cut into
+#: :func:`length_groups`; issue 26 item 7, docs/results/engines/session29 and session48)
 QUERY_BATCH_SIZE = 16
 #: what one more forward pass costs, in padded tokens, when a CPU query call is cut into length groups
 #: (:func:`length_groups`; issue 26 item 7, measured in docs/results/engines/session48)
@@ -70,10 +71,11 @@ class EncoderConfig(StrictModel):
     query_batch_size: int | None = Field(
         default=None, ge=1,
         description="Queries per forward pass; None = length groups on CPU (length_groups: a call's queries sorted by "
-        "token length and cut where one more forward pass costs less than the padding it saves, 10-12% less CPU per "
-        "query than sorted groups of 16 at 30 queries a call, docs/results/engines/session48) and batch_size on "
-        "other devices. A number = sorted groups of that many (sentence-transformers' own batching: a random batch "
-        "of 30 dev questions is 56% real tokens, sorted groups of 16 are 74-82%). Not part of the fingerprint.",
+        "token length and cut where one more forward pass costs less than the padding it saves: 7-11% less CPU per "
+        "query than sorted groups of 16 in calls of 30 and 64 queries in bf16, 9-16% with onnx-int8, "
+        "benchmarks/query_grouping.py, docs/results/engines/session48) and batch_size on other devices. A number = "
+        "sorted groups of that many (sentence-transformers' own batching: a random batch of 30 dev questions is 56% "
+        "real tokens, sorted groups of 16 are 74-82%). Not part of the fingerprint.",
     )
     max_length: int | None = Field(
         default=256, ge=8, description="Truncate inputs to this many tokens (None = the model's own limit)."
