@@ -88,7 +88,9 @@ class EncoderConfig(StrictModel):
         "or arm64). Passages always use torch. The ONNX files are exported once into <model_cache>/onnx. Needs "
         "onnxruntime and optimum. Not part of the fingerprint: recall of the index is measured per setting "
         "(benchmarks/query_encoder.py; docs/results/engines/session32: int8 1.6x cheaper per query, recall@5 equal "
-        "on the shipped eval files, recall@1 lower by 1-2 of 50).",
+        "on the shipped eval files, recall@1 lower by 1-2 of 50). int8 activations are quantized per forward pass, "
+        "so a query's int8 vector depends on the queries it is encoded with: its top-5 set differed between calls of "
+        "30 and 64 for 46% of dev questions (docs/results/engines/session48).",
     )
 
     query_model: str | None = Field(
@@ -411,7 +413,7 @@ class SentenceTransformerEncoder:
         right = bool(mask[:, 0].all())  # right padding: every text starts at column 0
         out = np.empty((len(inputs), self.dim), dtype=np.float32)
         with torch.inference_mode():
-            for group in length_groups(lengths):
+            for group in length_groups(lengths, GROUP_OVERHEAD_TOKENS):
                 width = max(lengths[i] for i in group)
                 cols = slice(0, width) if right else slice(mask.shape[1] - width, None)
                 rows = torch.tensor(group)
