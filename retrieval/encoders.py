@@ -389,7 +389,9 @@ class SentenceTransformerEncoder:
         inputs = [prefix + t for t in texts] if prefix else list(texts)
         model = self._query_model if kind == "query" else self._model
         if kind == "query" and self.group_queries and len(inputs) > 1:
-            return self._encode_grouped(model, inputs)
+            grouped = self._encode_grouped(model, inputs)
+            if grouped is not None:
+                return grouped
         out = model.encode(
             inputs,
             batch_size=self.query_batch_size if kind == "query" else self.cfg.batch_size,
@@ -402,13 +404,16 @@ class SentenceTransformerEncoder:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
 
-
-    def _encode_grouped(self, model: Any, inputs: list[str]) -> np.ndarray:
-        """Queries on CPU: tokenized once, cut into :func:`length_groups`, one forward pass per group."""
+    def _encode_grouped(self, model: Any, inputs: list[str]) -> np.ndarray | None:
+        """Queries on CPU: tokenized once, cut into :func:`length_groups`, one forward pass per group. None when the
+        model's features are not per-text tensors with an attention mask (the caller then uses ``model.encode``)."""
         import torch
 
         features = model.tokenize(inputs)
-        mask = features["attention_mask"]
+        mask = features.get("attention_mask")
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or any(
+                not isinstance(v, torch.Tensor) or v.shape[:1] != (len(inputs),) for v in features.values()):
+            return None
         lengths = mask.sum(dim=1).tolist()
         right = bool(mask[:, 0].all())  # right padding: every text starts at column 0
         out = np.empty((len(inputs), self.dim), dtype=np.float32)
