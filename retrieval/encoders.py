@@ -179,7 +179,7 @@ def length_groups(lengths: list[int], overhead: int = GROUP_OVERHEAD_TOKENS,
     into ``lengths``, shortest texts first; every index appears once.
     """
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    best = [0] + [0] * len(order)
+    best = [0] * (len(order) + 1)  # best[end]: the cheapest cut of the shortest `end` texts
     cut = [0] * (len(order) + 1)
     for end in range(1, len(order) + 1):
         longest = lengths[order[end - 1]]
