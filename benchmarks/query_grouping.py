@@ -1,17 +1,19 @@
-"""Length groups against sorted groups of 16 for a dense index's queries on CPU, from ONE run (issue 26 item 7).
+"""Length groups (and packed bf16 weights) against sorted groups of 16 for a dense index's queries on CPU, from ONE
+run (issue 26 item 7).
 
 A served dense search is mostly the query encoder's forward passes. sentence-transformers sorts a call's queries by
 length and cuts them into fixed groups (16 on CPU before session 48), so a call of 30 queries pads to the longest of
 each half; ``retrieval.encoders.length_groups`` cuts the sorted queries where one more forward pass costs less than
-the padding it saves (``SentenceTransformerEncoder._encode_grouped``, the CPU default since session 48). For each
-query backend and call size (30: a server batch at 64 clients and 2 workers; 64: the in-process reference), this
-prints, over the same queries and interleaved rounds:
+the padding it saves (``SentenceTransformerEncoder._encode_grouped``, the CPU default since session 48), and with a
+bf16 torch query model the passes run on a copy whose linear weights are packed once for oneDNN
+(``retrieval.packed_linear``). For each query backend and call size (30: a server batch at 64 clients and 2
+workers; 64: the in-process reference), this prints, over the same queries and interleaved rounds:
 
-- CPU ms per query of ``searcher.search`` (one thread) with sorted groups of 16 (the baseline) and with length
-  groups, and the ratio baseline / length groups (> 1: length groups are cheaper);
-- agreement of the two paths' top-1 passage and top-5 set, beside the agreement of the baseline with itself when
-  the same queries come in calls of the other size (a query's padding, hence its bf16/int8 vector, already
-  depends on the call it lands in).
+- CPU ms per query of ``searcher.search`` (one thread) with sorted groups of 16 (the baseline), length groups, and
+  length groups with packed weights, and each ratio baseline / path (> 1: the path is cheaper);
+- agreement of each path's top-1 passage and top-5 set with the baseline's, beside the agreement of the baseline
+  with itself when the same queries come in calls of the other size (a query's padding, hence its bf16/int8
+  vector, already depends on the call it lands in).
 
 Example (session 48): ``PYTHONPATH=. python benchmarks/query_grouping.py --backends torch,onnx-int8 --work-dir <w>``
 """
@@ -35,18 +37,26 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def search_ms(searcher: Any, queries: list[str], call: int, grouped: bool) -> float:
+PATHS = {"groups16": (False, False), "length": (True, False), "length+packed": (True, True)}
+
+
+def use_path(searcher: Any, path: str) -> None:
+    """Switch the encoder to a path of :data:`PATHS`: (length groups, packed linear weights)."""
+    searcher.encoder.group_queries, searcher.encoder.pack_queries = PATHS[path]
+
+
+def search_ms(searcher: Any, queries: list[str], call: int, path: str) -> float:
     """CPU ms per query of searching ``queries`` in calls of ``call`` (this thread's CPU time)."""
-    searcher.encoder.group_queries = grouped
+    use_path(searcher, path)
     c0 = time.thread_time()
     for i in range(0, len(queries), call):
         searcher.search(queries[i:i + call], 5)
     return 1000 * (time.thread_time() - c0) / len(queries)
 
 
-def top5(searcher: Any, queries: list[str], call: int, grouped: bool) -> np.ndarray:
+def top5(searcher: Any, queries: list[str], call: int, path: str) -> np.ndarray:
     """Row ids of the top 5 passages per query, the queries searched in calls of ``call``."""
-    searcher.encoder.group_queries = grouped
+    use_path(searcher, path)
     vectors = np.concatenate([searcher.encoder.encode(queries[i:i + call], "query")
                               for i in range(0, len(queries), call)])
     return searcher.index.search(np.ascontiguousarray(vectors, dtype=np.float32), 5)[1]
@@ -87,28 +97,32 @@ def main(argv: list[str] | None = None) -> None:
         for backend in args.backends.split(","):
             searcher = load_searcher(index_dir, backend.strip(), None)
             searcher.search(queries[:64], 5)
-            if not hasattr(searcher.encoder, "group_queries"):
+            if not hasattr(searcher.encoder, "pack_queries"):
                 raise SystemExit(f"{backend}: the encoder has no length groups (group_queries); nothing to compare")
             dtype = (str(next(iter(searcher.encoder._model.parameters())).dtype).replace("torch.", "")
                      if backend.strip() == "torch" else "onnxrt")
+            paths = [p for p in PATHS if p != "length+packed" or searcher.encoder._packed_query_model is not None]
             for call in calls:
-                times: dict[bool, list[float]] = {False: [], True: []}
+                times: dict[str, list[float]] = {p: [] for p in paths}
                 for _ in range(args.rounds):
-                    for grouped in (False, True):
-                        times[grouped].append(search_ms(searcher, queries, call, grouped))
-                base, new = statistics.median(times[False]), statistics.median(times[True])
+                    for path in paths:
+                        times[path].append(search_ms(searcher, queries, call, path))
+                base = statistics.median(times["groups16"])
                 other = next((c for c in calls if c != call), call)
-                same = agreement(top5(searcher, queries, call, False), top5(searcher, queries, call, True))
-                itself = agreement(top5(searcher, queries, call, False), top5(searcher, queries, other, False))
-                rows.append((backend, dtype, call, base, new, same, other, itself))
-                print(f"[{backend}] calls of {call}: sorted groups of 16 {base:.2f} ms/q "
-                      f"({', '.join(f'{t:.2f}' for t in times[False])}), length groups {new:.2f} ms/q "
-                      f"({', '.join(f'{t:.2f}' for t in times[True])}): ratio {base / new:.2f}", flush=True)
-    print("\nbackend    dtype     call  groups of 16 ms/q  length groups ms/q  ratio  top-1 same  top-5 same  "
+                ref = top5(searcher, queries, call, "groups16")
+                itself = agreement(ref, top5(searcher, queries, other, "groups16"))
+                for path in paths[1:]:
+                    new = statistics.median(times[path])
+                    same = agreement(ref, top5(searcher, queries, call, path))
+                    rows.append((backend, dtype, call, path, base, new, same, other, itself))
+                print(f"[{backend}] calls of {call}: " + "; ".join(
+                    f"{p} {statistics.median(t):.2f} ms/q ({', '.join(f'{x:.2f}' for x in t)})"
+                    for p, t in times.items()), flush=True)
+    print("\nbackend    dtype     call  path           groups of 16 ms/q  path ms/q  ratio  top-1 same  top-5 same  "
           "(groups of 16 vs itself in calls of the other size: top-1, top-5)")
-    for backend, dtype, call, base, new, same, other, itself in rows:
-        print(f"{backend:<10} {dtype:<9} {call:>4}  {base:17.2f}  {new:18.2f}  {base / new:5.2f}  {same[0]:10.3f}  "
-              f"{same[1]:10.3f}  (calls of {other}: {itself[0]:.3f}, {itself[1]:.3f})")
+    for backend, dtype, call, path, base, new, same, other, itself in rows:
+        print(f"{backend:<10} {dtype:<9} {call:>4}  {path:<13}  {base:17.2f}  {new:9.2f}  {base / new:5.2f}  "
+              f"{same[0]:10.3f}  {same[1]:10.3f}  (calls of {other}: {itself[0]:.3f}, {itself[1]:.3f})")
 
 
 if __name__ == "__main__":

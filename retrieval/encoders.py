@@ -374,6 +374,13 @@ class SentenceTransformerEncoder:
                 self._query_model.max_seq_length = cfg.max_length
         else:
             self._query_model = self._model
+        # CPU bf16 queries: a copy of the query model with its linear weights packed once (retrieval.packed_linear)
+        self.pack_queries = self.group_queries and cfg.query_backend == "torch"
+        self._packed_query_model = None
+        if self.pack_queries:
+            from retrieval.packed_linear import packed_copy
+
+            self._packed_query_model = packed_copy(self._query_model)
         query_dim = int(self._query_model.get_sentence_embedding_dimension() or self.dim)
         if query_dim != self.dim:
             raise ConfigError(f"query_model={cfg.query_model!r} gives {query_dim}-dimensional vectors, the index's "
@@ -416,6 +423,8 @@ class SentenceTransformerEncoder:
             return None
         lengths = mask.sum(dim=1).tolist()
         right = bool(mask[:, 0].all())  # right padding: every text starts at column 0
+        if self.pack_queries and self._packed_query_model is not None and model is self._query_model:
+            model = self._packed_query_model
         out = np.empty((len(inputs), self.dim), dtype=np.float32)
         with torch.inference_mode():
             for group in length_groups(lengths, GROUP_OVERHEAD_TOKENS):
