@@ -44,12 +44,34 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def packed_copy(model: Any) -> Any | None:
-    """A copy of ``model`` (a torch module) for inference whose bf16 ``nn.Linear`` layers are ``PackedLinear``; None
-    when it has none, or this torch build cannot pack them (no oneDNN, or the op is missing)."""
+@lru_cache(maxsize=1)
+def packing_supported() -> bool:
+    """Whether this torch build and CPU run a packed bf16 linear, with the plain one's numbers (oneDNN's bf16 path
+    needs AVX-512 or AMX; an AVX2-only CPU answers False)."""
     import torch
 
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    try:
+        with torch.inference_mode():
+            linear = torch.nn.Linear(16, 8).to(torch.bfloat16)
+            x = torch.ones(3, 16, dtype=torch.bfloat16)
+            return bool(torch.equal(packed_linear_class()(linear)(x), linear(x)))
+    except RuntimeError as exc:
+        log.info("packed bf16 linears unavailable here (%s)", exc)
+        return False
+
+
+def packed_copy(model: Any) -> Any | None:
+    """A copy of ``model`` (a torch module) for inference whose bf16 ``nn.Linear`` layers are ``PackedLinear``; None
+    when it has none, or this torch build or CPU cannot pack them (:func:`packing_supported`)."""
+    import torch
+
+    def packable(child: Any) -> bool:
+        weight = getattr(child, "weight", None)
+        return type(child) is torch.nn.Linear and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
+
+    if not any(packable(m) for m in model.modules()) or not packing_supported():
         return None
     packed_linear = packed_linear_class()
     clone = copy.deepcopy(model)
@@ -57,8 +79,7 @@ def packed_copy(model: Any) -> Any | None:
     try:
         for module in list(clone.modules()):
             for name, child in list(module.named_children()):
-                weight = getattr(child, "weight", None)
-                if type(child) is torch.nn.Linear and weight.dtype == torch.bfloat16 and weight.device.type == "cpu":
+                if packable(child):
                     setattr(module, name, packed_linear(child))
                     swapped += 1
     except RuntimeError as exc:  # an unsupported CPU or build: keep the plain layers
