@@ -423,7 +423,7 @@ class SentenceTransformerEncoder:
             return None
         lengths = mask.sum(dim=1).tolist()
         right = bool(mask[:, 0].all())  # right padding: every text starts at column 0
-        if self.pack_queries and self._packed_query_model is not None and model is self._query_model:
+        if self.pack_queries and self._packed_query_model is not None:
             model = self._packed_query_model
         out = np.empty((len(inputs), self.dim), dtype=np.float32)
         with torch.inference_mode():
@@ -431,7 +431,7 @@ class SentenceTransformerEncoder:
                 width = max(lengths[i] for i in group)
                 cols = slice(0, width) if right else slice(mask.shape[1] - width, None)
                 rows = torch.tensor(group)
-                part = {name: value[rows][:, cols] if value.dim() == 2 and value.shape == mask.shape else value[rows]
+                part = {name: value[rows, cols] if value.shape == mask.shape else value[rows]
                         for name, value in features.items()}
                 out[group] = model.forward(part)["sentence_embedding"].float().numpy()
         if self.cfg.normalize:

@@ -3,8 +3,8 @@
 A plain bf16 ``nn.Linear`` on CPU hands oneDNN its weight in PyTorch's layout, and oneDNN reorders it into its
 blocked layout on every call; for the small passes of a query call (tens to a few hundred tokens) that reorder costs
 as much as the product (docs/results/engines/session48: 1.7x at 22 rows, 1.15x at 143, 1.08x at 320, outputs equal
-to the bit). :func:`packed_copy` (``PackedLinear`` layers) does once what ``torch.compile``'s freezing does for CPU
-linears (``mkldnn._reorder_linear_weight`` + ``mkldnn._linear_pointwise``), without compiling anything.
+to the bit). :func:`packed_copy` (:func:`packed_linear_class` layers) does once what ``torch.compile``'s freezing does
+for CPU linears (``mkldnn._reorder_linear_weight`` + ``mkldnn._linear_pointwise``), without compiling anything.
 """
 
 from __future__ import annotations
@@ -36,12 +36,6 @@ def packed_linear_class() -> type:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     return PackedLinear
-
-
-def __getattr__(name: str) -> Any:
-    if name == "PackedLinear":
-        return packed_linear_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @lru_cache(maxsize=1)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from retrieval.packed_linear import PackedLinear, packed_copy, packing_supported
+from retrieval.packed_linear import packed_copy, packed_linear_class, packing_supported
 
 pytestmark = pytest.mark.skipif(not packing_supported(), reason="no packed bf16 linears on this CPU/torch (needs "
                                 "oneDNN with AVX-512 or AMX): the encoder keeps its plain layers there")
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not packing_supported(), reason="no packed bf16 
 def test_packed_linear_equals_linear_for_any_leading_shape() -> None:
     torch.manual_seed(0)
     linear = torch.nn.Linear(24, 40).to(torch.bfloat16).eval()
-    packed = PackedLinear(linear)
+    packed = packed_linear_class()(linear)
     with torch.inference_mode():
         for shape in ((3, 24), (2, 5, 24), (1, 24)):
             x = torch.randn(*shape).to(torch.bfloat16)
@@ -37,13 +37,18 @@ def test_packed_copy_swaps_bf16_linears_and_leaves_the_original() -> None:
 
 
 @pytest.mark.slow
-def test_bf16_cpu_query_encoder_packs_its_copy_with_the_same_vectors() -> None:
+def test_bf16_cpu_query_encoder_packs_its_copy_with_the_same_vectors(monkeypatch) -> None:
     from retrieval.encoders import EncoderConfig, SentenceTransformerEncoder
 
     enc = SentenceTransformerEncoder(EncoderConfig(dtype="bfloat16", device="cpu"))
     assert enc.pack_queries and enc._packed_query_model is not None
-    assert not any(isinstance(m, PackedLinear) for m in enc._query_model.modules())  # passages keep the plain model
+    packed_type = packed_linear_class()
+    assert not any(isinstance(m, packed_type) for m in enc._query_model.modules())  # passages keep the plain model
+    passes: list[int] = []
+    forward = enc._packed_query_model.forward
+    monkeypatch.setattr(enc._packed_query_model, "forward", lambda f: passes.append(len(f["input_ids"])) or forward(f))
     texts = ["who wrote it", "when was the director of the film Ed Wood born and where did he die", "food", "baby"]
     packed = enc.encode(texts, "query")
+    assert sum(passes) == len(texts)  # every query went through the packed copy
     enc.pack_queries = False
     assert np.array_equal(packed, enc.encode(texts, "query"))
