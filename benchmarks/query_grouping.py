@@ -1,16 +1,18 @@
-"""Length groups (and packed bf16 weights) against sorted groups of 16 for a dense index's queries on CPU, from ONE
-run (issue 26 item 7).
+"""Length groups (packed bf16 weights, unpadded passes) against sorted groups of 16 for a dense index's queries on
+CPU, from ONE run (issue 26 item 7).
 
 A served dense search is mostly the query encoder's forward passes. sentence-transformers sorts a call's queries by
 length and cuts them into fixed groups (16 on CPU before session 48), so a call of 30 queries pads to the longest of
 each half; ``retrieval.encoders.length_groups`` cuts the sorted queries where one more forward pass costs less than
 the padding it saves (``SentenceTransformerEncoder._encode_grouped``, the CPU default since session 48), and with a
 bf16 torch query model the passes run on a copy whose linear weights are packed once for oneDNN
-(``retrieval.packed_linear``). For each query backend and call size (30: a server batch at 64 clients and 2
-workers; 64: the in-process reference), this prints, over the same queries and interleaved rounds:
+(``retrieval.packed_linear``); since session 49 a bf16 BERT query model runs each call's real tokens unpadded
+through its linear layers and pads only for attention (``retrieval.unpadded_bert``). For each query backend and call
+size (30: a server batch at 64 clients and 2 workers; 64: the in-process reference), this prints, over the same
+queries and interleaved rounds:
 
-- CPU ms per query of ``searcher.search`` (one thread) with sorted groups of 16 (the baseline), length groups, and
-  length groups with packed weights, and each ratio baseline / path (> 1: the path is cheaper);
+- CPU ms per query of ``searcher.search`` (one thread) with sorted groups of 16 (the baseline), length groups,
+  length groups with packed weights and unpadded passes, and each ratio baseline / path (> 1: the path is cheaper);
 - agreement of each path's top-1 passage and top-5 set with the baseline's, beside the agreement of the baseline
   with itself when the same queries come in calls of the other size (a query's padding, hence its bf16/int8
   vector, already depends on the call it lands in).
@@ -37,12 +39,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-PATHS = {"groups16": (False, False), "length": (True, False), "length+packed": (True, True)}
+PATHS = {"groups16": (False, False, False), "length": (True, False, False), "length+packed": (True, True, False),
+         "unpadded": (True, True, True)}
 
 
 def use_path(searcher: Any, path: str) -> None:
-    """Switch the encoder to a path of :data:`PATHS`: (length groups, packed linear weights)."""
-    searcher.encoder.group_queries, searcher.encoder.pack_queries = PATHS[path]
+    """Switch the encoder to a path of :data:`PATHS`: (length groups, packed linear weights, unpadded BERT passes)."""
+    enc = searcher.encoder
+    enc.group_queries, enc.pack_queries, enc.unpad_queries = PATHS[path]
 
 
 def search_ms(searcher: Any, queries: list[str], call: int, path: str) -> float:
@@ -101,7 +105,10 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"{backend}: the encoder has no length groups (group_queries); nothing to compare")
             dtype = (str(next(iter(searcher.encoder._model.parameters())).dtype).replace("torch.", "")
                      if backend.strip() == "torch" else "onnxrt")
-            paths = [p for p in PATHS if p != "length+packed" or searcher.encoder._packed_query_model is not None]
+            enc = searcher.encoder
+            unpadded = getattr(enc, "_unpadded_query_model", None) is not None
+            paths = [p for p in PATHS if (p != "length+packed" or enc.packed_query_model() is not None)
+                     and (p != "unpadded" or unpadded)]
             for call in calls:
                 times: dict[str, list[float]] = {p: [] for p in paths}
                 for _ in range(args.rounds):

@@ -374,13 +374,16 @@ class SentenceTransformerEncoder:
                 self._query_model.max_seq_length = cfg.max_length
         else:
             self._query_model = self._model
-        # CPU bf16 queries: a copy of the query model with its linear weights packed once (retrieval.packed_linear)
+        # CPU bf16 queries: a BERT query model runs its calls unpadded (retrieval.unpadded_bert); any other model
+        # runs its length groups on a copy with packed linear weights (retrieval.packed_linear), made on first use
         self.pack_queries = self.group_queries and cfg.query_backend == "torch"
-        self._packed_query_model = None
+        self._packed_query_model: Any = None
+        self._unpadded_query_model: Any = None
         if self.pack_queries:
-            from retrieval.packed_linear import packed_copy
+            from retrieval.unpadded_bert import unpadded_bert
 
-            self._packed_query_model = packed_copy(self._query_model)
+            self._unpadded_query_model = unpadded_bert(self._query_model)
+        self.unpad_queries = self._unpadded_query_model is not None
         query_dim = int(self._query_model.get_sentence_embedding_dimension() or self.dim)
         if query_dim != self.dim:
             raise ConfigError(f"query_model={cfg.query_model!r} gives {query_dim}-dimensional vectors, the index's "
@@ -395,7 +398,7 @@ class SentenceTransformerEncoder:
         prefix = self.query_prefix if kind == "query" else self.passage_prefix
         inputs = [prefix + t for t in texts] if prefix else list(texts)
         model = self._query_model if kind == "query" else self._model
-        if kind == "query" and self.group_queries and len(inputs) > 1:
+        if kind == "query" and self.group_queries and (len(inputs) > 1 or self.unpad_queries):
             grouped = self._encode_grouped(model, inputs)
             if grouped is not None:
                 return grouped
@@ -423,19 +426,39 @@ class SentenceTransformerEncoder:
             return None
         lengths = mask.sum(dim=1).tolist()
         right = bool(mask[:, 0].all())  # right padding: every text starts at column 0
-        if self.pack_queries and self._packed_query_model is not None:
-            model = self._packed_query_model
-        out = np.empty((len(inputs), self.dim), dtype=np.float32)
+        groups = length_groups(lengths, GROUP_OVERHEAD_TOKENS)
+        if self.unpad_queries and right and self._unpadded_query_model is not None:
+            out = self._unpadded_query_model.encode(features, lengths, groups)
+        else:
+            out = self._padded_passes(model, features, mask, lengths, groups, right)
+        if self.cfg.normalize:
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out
+
+    def packed_query_model(self) -> Any:
+        """The query model's copy with packed bf16 linear weights (made on first call; None where it cannot be)."""
+        if self._packed_query_model is None and self.pack_queries:
+            from retrieval.packed_linear import packed_copy
+
+            self._packed_query_model = packed_copy(self._query_model) or False
+        return self._packed_query_model or None
+
+    def _padded_passes(self, model: Any, features: dict[str, Any], mask: Any, lengths: list[int],
+                       groups: list[list[int]], right: bool) -> np.ndarray:
+        """One padded forward pass of ``model`` (its packed copy when there is one) per group of queries."""
+        import torch
+
+        if self.pack_queries:
+            model = self.packed_query_model() or model
+        out = np.empty((len(lengths), self.dim), dtype=np.float32)
         with torch.inference_mode():
-            for group in length_groups(lengths, GROUP_OVERHEAD_TOKENS):
+            for group in groups:
                 width = max(lengths[i] for i in group)
                 cols = slice(0, width) if right else slice(mask.shape[1] - width, None)
                 rows = torch.tensor(group)
                 part = {name: value[rows, cols] if value.shape == mask.shape else value[rows]
                         for name, value in features.items()}
                 out[group] = model.forward(part)["sentence_embedding"].float().numpy()
-        if self.cfg.normalize:
-            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
 
 

@@ -23,15 +23,19 @@ def test_search_ms_switches_the_path_and_searches_in_calls() -> None:
     class Encoder:
         group_queries = True
         pack_queries = True
+        unpad_queries = True
 
     class Searcher:
         encoder = Encoder()
         calls: list[tuple[int, bool]] = []
 
         def search(self, queries: list[str], k: int) -> list[list[object]]:
-            self.calls.append((len(queries), self.encoder.group_queries or self.encoder.pack_queries))
+            enc = self.encoder
+            self.calls.append((len(queries), enc.group_queries or enc.pack_queries or enc.unpad_queries))
             return [[] for _ in queries]
 
     searcher = Searcher()
     assert query_grouping.search_ms(searcher, [f"q{i}" for i in range(70)], 30, "groups16") >= 0
     assert searcher.calls == [(30, False), (30, False), (10, False)]
+    assert query_grouping.search_ms(searcher, [f"q{i}" for i in range(30)], 30, "unpadded") >= 0
+    assert searcher.calls[-1] == (30, True)

@@ -41,12 +41,14 @@ def test_bf16_cpu_query_encoder_packs_its_copy_with_the_same_vectors(monkeypatch
     from retrieval.encoders import EncoderConfig, SentenceTransformerEncoder
 
     enc = SentenceTransformerEncoder(EncoderConfig(dtype="bfloat16", device="cpu"))
-    assert enc.pack_queries and enc._packed_query_model is not None
+    enc.unpad_queries = False  # a BERT model runs unpadded by default (retrieval.unpadded_bert); the padded path here
+    packed_model = enc.packed_query_model()
+    assert enc.pack_queries and packed_model is not None and enc.packed_query_model() is packed_model  # made once
     packed_type = packed_linear_class()
     assert not any(isinstance(m, packed_type) for m in enc._query_model.modules())  # passages keep the plain model
     passes: list[int] = []
-    forward = enc._packed_query_model.forward
-    monkeypatch.setattr(enc._packed_query_model, "forward", lambda f: passes.append(len(f["input_ids"])) or forward(f))
+    forward = packed_model.forward
+    monkeypatch.setattr(packed_model, "forward", lambda f: passes.append(len(f["input_ids"])) or forward(f))
     texts = ["who wrote it", "when was the director of the film Ed Wood born and where did he die", "food", "baby"]
     packed = enc.encode(texts, "query")
     assert sum(passes) == len(texts)  # every query went through the packed copy
