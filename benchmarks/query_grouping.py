@@ -15,7 +15,8 @@ queries and interleaved rounds:
   length groups with packed weights and unpadded passes, and each ratio baseline / path (> 1: the path is cheaper);
 - agreement of each path's top-1 passage and top-5 set with the baseline's, beside the agreement of the baseline
   with itself when the same queries come in calls of the other size (a query's padding, hence its bf16/int8
-  vector, already depends on the call it lands in).
+  vector, already depends on the call it lands in), and with the same encoder's fp32 queries (the reference all
+  paths round away from; since session 49).
 
 Example (session 48): ``PYTHONPATH=. python benchmarks/query_grouping.py --backends torch,onnx-int8 --work-dir <w>``
 """
@@ -58,11 +59,13 @@ def search_ms(searcher: Any, queries: list[str], call: int, path: str) -> float:
     return 1000 * (time.thread_time() - c0) / len(queries)
 
 
-def top5(searcher: Any, queries: list[str], call: int, path: str) -> np.ndarray:
-    """Row ids of the top 5 passages per query, the queries searched in calls of ``call``."""
-    use_path(searcher, path)
-    vectors = np.concatenate([searcher.encoder.encode(queries[i:i + call], "query")
-                              for i in range(0, len(queries), call)])
+def top5(searcher: Any, queries: list[str], call: int, path: str | None, encoder: Any = None) -> np.ndarray:
+    """Row ids of the top 5 passages per query, the queries searched in calls of ``call`` (by ``encoder`` instead of
+    the searcher's own when given)."""
+    if path is not None:
+        use_path(searcher, path)
+    encoder = encoder or searcher.encoder
+    vectors = np.concatenate([encoder.encode(queries[i:i + call], "query") for i in range(0, len(queries), call)])
     return searcher.index.search(np.ascontiguousarray(vectors, dtype=np.float32), 5)[1]
 
 
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from benchmarks.server_throughput import build, load_queries
     from infra.machine import describe
+    from retrieval.encoders import get_encoder
     from retrieval.index import load_searcher
 
     torch.set_num_threads(1)
@@ -105,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"{backend}: the encoder has no length groups (group_queries); nothing to compare")
             dtype = (str(next(iter(searcher.encoder._model.parameters())).dtype).replace("torch.", "")
                      if backend.strip() == "torch" else "onnxrt")
+            # the reference every path is rounding away from: the same encoder in fp32, padded, groups of 16
+            fp32 = get_encoder(searcher.encoder.cfg.model_copy(update={"dtype": "float32", "query_backend": "torch"}))
             enc = searcher.encoder
             unpadded = getattr(enc, "_unpadded_query_model", None) is not None
             paths = [p for p in PATHS if (p != "length+packed" or enc.packed_query_model() is not None)
@@ -118,18 +124,21 @@ def main(argv: list[str] | None = None) -> None:
                 other = next((c for c in calls if c != call), call)
                 ref = top5(searcher, queries, call, "groups16")
                 itself = agreement(ref, top5(searcher, queries, other, "groups16"))
-                for path in paths[1:]:
+                exact = top5(searcher, queries, call, None, fp32)
+                for path in paths:
                     new = statistics.median(times[path])
-                    same = agreement(ref, top5(searcher, queries, call, path))
-                    rows.append((backend, dtype, call, path, base, new, same, other, itself))
+                    got = top5(searcher, queries, call, path)
+                    rows.append((backend, dtype, call, path, base, new, agreement(ref, got), agreement(exact, got),
+                                 other, itself))
                 print(f"[{backend}] calls of {call}: " + "; ".join(
                     f"{p} {statistics.median(t):.2f} ms/q ({', '.join(f'{x:.2f}' for x in t)})"
                     for p, t in times.items()), flush=True)
     print("\nbackend    dtype     call  path           groups of 16 ms/q  path ms/q  ratio  top-1 same  top-5 same  "
-          "(groups of 16 vs itself in calls of the other size: top-1, top-5)")
-    for backend, dtype, call, path, base, new, same, other, itself in rows:
+          "as fp32: top-1  top-5  (groups of 16 vs itself in calls of the other size: top-1, top-5)")
+    for backend, dtype, call, path, base, new, same, exact, other, itself in rows:
         print(f"{backend:<10} {dtype:<9} {call:>4}  {path:<13}  {base:17.2f}  {new:9.2f}  {base / new:5.2f}  "
-              f"{same[0]:10.3f}  {same[1]:10.3f}  (calls of {other}: {itself[0]:.3f}, {itself[1]:.3f})")
+              f"{same[0]:10.3f}  {same[1]:10.3f}  {exact[0]:13.3f}  {exact[1]:5.3f}  "
+              f"(calls of {other}: {itself[0]:.3f}, {itself[1]:.3f})")
 
 
 if __name__ == "__main__":
