@@ -415,22 +415,15 @@ class SentenceTransformerEncoder:
         return out
 
     def _encode_grouped(self, model: Any, inputs: list[str]) -> np.ndarray | None:
-        """Queries on CPU: tokenized once, cut into :func:`length_groups`, one forward pass per group. None when the
-        model's features are not per-text tensors with an attention mask (the caller then uses ``model.encode``)."""
-        import torch
-
-        features = model.tokenize(inputs)
-        mask = features.get("attention_mask")
-        if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or any(
-                not isinstance(v, torch.Tensor) or v.shape[:1] != (len(inputs),) for v in features.values()):
-            return None
-        lengths = mask.sum(dim=1).tolist()
-        right = bool(mask[:, 0].all())  # right padding: every text starts at column 0
-        groups = length_groups(lengths, GROUP_OVERHEAD_TOKENS)
-        if self.unpad_queries and right and self._unpadded_query_model is not None:
-            out = self._unpadded_query_model.encode(features, lengths, groups)
+        """Queries on CPU: a BERT model's call runs unpadded (:mod:`retrieval.unpadded_bert`); any other model's is
+        tokenized once and cut into :func:`length_groups`, one forward pass per group. None when the model's features
+        are not per-text tensors with an attention mask (the caller then uses ``model.encode``)."""
+        if self.unpad_queries and self._unpadded_query_model is not None:  # token ids only: no padded tensors
+            out = self._unpadded_query_model.encode_texts(model.tokenizer, inputs, model.max_seq_length)
         else:
-            out = self._padded_passes(model, features, mask, lengths, groups, right)
+            out = self._padded_passes(model, inputs)
+            if out is None:
+                return None
         if self.cfg.normalize:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
@@ -443,16 +436,23 @@ class SentenceTransformerEncoder:
             self._packed_query_model = packed_copy(self._query_model) or False
         return self._packed_query_model or None
 
-    def _padded_passes(self, model: Any, features: dict[str, Any], mask: Any, lengths: list[int],
-                       groups: list[list[int]], right: bool) -> np.ndarray:
-        """One padded forward pass of ``model`` (its packed copy when there is one) per group of queries."""
+    def _padded_passes(self, model: Any, inputs: list[str]) -> np.ndarray | None:
+        """One padded forward pass of ``model`` (its packed copy when there is one) per length group of queries;
+        None when the model's features are not per-text tensors with an attention mask."""
         import torch
 
+        features = model.tokenize(inputs)
+        mask = features.get("attention_mask")
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or any(
+                not isinstance(v, torch.Tensor) or v.shape[:1] != (len(inputs),) for v in features.values()):
+            return None
+        lengths = mask.sum(dim=1).tolist()
+        right = bool(mask[:, 0].all())  # right padding: every text starts at column 0
         if self.pack_queries:
             model = self.packed_query_model() or model
         out = np.empty((len(lengths), self.dim), dtype=np.float32)
         with torch.inference_mode():
-            for group in groups:
+            for group in length_groups(lengths):
                 width = max(lengths[i] for i in group)
                 cols = slice(0, width) if right else slice(mask.shape[1] - width, None)
                 rows = torch.tensor(group)
