@@ -148,6 +148,16 @@ def test_cache_hit_skips_the_searcher(http) -> None:
     assert http.get("/health").json()["stats"]["searcher_calls"] == before["searcher_calls"] + 1
 
 
+def test_startup_leaves_the_loaded_heap_out_of_later_collections(bm25) -> None:
+    import gc
+
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    with serve_in_thread(create_app(bm25)) as url, httpx.Client(base_url=url) as client:
+        assert client.get("/health").status_code == 200
+        assert gc.get_freeze_count() > 1000  # the index and everything imported so far
+
+
 def test_bearer_token(bm25) -> None:
     app = create_app(bm25, ServerConfig(token="s3cret"))
     with serve_in_thread(app) as url, httpx.Client(base_url=url) as client:
