@@ -73,7 +73,9 @@ class EncoderConfig(StrictModel):
         description="Queries per forward pass; None = length groups on CPU (length_groups: a call's queries sorted by "
         "token length and cut where one more forward pass costs less than the padding it saves: 7-11% less CPU per "
         "query than sorted groups of 16 in calls of 30 and 64 queries in bf16, 9-16% with onnx-int8, "
-        "benchmarks/query_grouping.py, docs/results/engines/session48) and batch_size on other devices. A number = "
+        "benchmarks/query_grouping.py, docs/results/engines/session48; a bf16 BERT model runs the call unpadded "
+        "instead, retrieval.unpadded_bert, 1.11-1.24x less again, docs/results/engines/session49) and batch_size "
+        "on other devices. A number = "
         "sorted groups of that many (sentence-transformers' own batching: a random batch of 30 dev questions is 56% "
         "real tokens, sorted groups of 16 are 74-82%). Not part of the fingerprint.",
     )
