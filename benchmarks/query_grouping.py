@@ -7,9 +7,9 @@ each half; ``retrieval.encoders.length_groups`` cuts the sorted queries where on
 the padding it saves (``SentenceTransformerEncoder._encode_grouped``, the CPU default since session 48), and with a
 bf16 torch query model the passes run on a copy whose linear weights are packed once for oneDNN
 (``retrieval.packed_linear``); since session 49 a bf16 BERT query model runs each call's real tokens unpadded
-through its linear layers and pads only for attention (``retrieval.unpadded_bert``). For each query backend and call
-size (30: a server batch at 64 clients and 2 workers; 64: the in-process reference), this prints, over the same
-queries and interleaved rounds:
+(``retrieval.unpadded_bert``: one matrix through the linear layers, attention once per token length). For each
+query backend and call size (30: a server batch at 64 clients and 2 workers; 64: the in-process reference), this
+prints, over the same queries and interleaved rounds:
 
 - CPU ms per query of ``searcher.search`` (one thread) with sorted groups of 16 (the baseline), length groups,
   length groups with packed weights and unpadded passes, and each ratio baseline / path (> 1: the path is cheaper);

@@ -16,12 +16,9 @@ closer (tests/retrieval/test_unpadded_bert.py; the benchmark prints the agreemen
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 #: the token rows of a call are padded to a multiple of this, so oneDNN meets a bounded set of matrix shapes (a new
 #: shape costs a primitive creation, 0.5-1 ms on this CPU, about a quarter of one product at 600 rows)
