@@ -76,7 +76,8 @@ def agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--backends", default="torch", help="Comma list of query backends (torch, onnx, onnx-int8).")
+    p.add_argument("--backends", default="torch",
+                   help="Comma list of query backends (torch, torch-int8, onnx, onnx-int8).")
     p.add_argument("--calls", default="30,64", help="Queries per search call.")
     p.add_argument("--queries", type=int, default=960, help="Unique dev questions timed and compared.")
     p.add_argument("--rounds", type=int, default=3, help="Interleaved timed rounds per path (median).")

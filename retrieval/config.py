@@ -18,8 +18,9 @@ _LEGACY = {"kind": "the kind follows from which of url/index/corpus is set",
            "backend": "the backend follows from which of url/index/corpus is set"}
 
 
-#: what encodes a dense index's queries (``EncoderConfig.query_backend``): the torch model, or ONNX Runtime (fp32, int8)
-QueryBackend = Literal["torch", "onnx", "onnx-int8"]
+#: what encodes a dense index's queries (``EncoderConfig.query_backend``): the torch model, its int8 pass
+#: (retrieval.int8_bert), or ONNX Runtime (fp32, int8)
+QueryBackend = Literal["torch", "torch-int8", "onnx", "onnx-int8"]
 QUERY_BACKENDS: tuple[str, ...] = get_args(QueryBackend)
 
 

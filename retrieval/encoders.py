@@ -85,14 +85,17 @@ class EncoderConfig(StrictModel):
     device: str = Field(default="auto", description="'auto' (cuda when available, else cpu), 'cpu' or 'cuda[:n]'.")
     query_backend: QueryBackend = Field(
         default="torch",
-        description="What encodes queries: 'torch' (the passage model), 'onnx' (ONNX Runtime, the same fp32 weights) "
+        description="What encodes queries: 'torch' (the passage model), 'torch-int8' (the same model's unpadded CPU "
+        "pass with int8 products, SmoothQuant-smoothed and calibrated on the shipped training questions, activations "
+        "quantized per token so a query's vector does not depend on its call; BERT encoders only, needs numba; "
+        "retrieval.int8_bert, docs/results/engines/session50), 'onnx' (ONNX Runtime, the same fp32 weights) "
         "or 'onnx-int8' (ONNX Runtime, weights quantized to int8 for the CPU's instruction set: avx512_vnni, avx2 "
         "or arm64). Passages always use torch. The ONNX files are exported once into <model_cache>/onnx. Needs "
         "onnxruntime and optimum. Not part of the fingerprint: recall of the index is measured per setting "
         "(benchmarks/query_encoder.py; docs/results/engines/session32: int8 1.6x cheaper per query, recall@5 equal "
-        "on the shipped eval files, recall@1 lower by 1-2 of 50). int8 activations are quantized per forward pass, "
-        "so a query's int8 vector depends on the queries it is encoded with: its top-5 set differed between calls of "
-        "30 and 64 for 46% of dev questions (docs/results/engines/session48).",
+        "on the shipped eval files, recall@1 lower by 1-2 of 50). ONNX's int8 activations are quantized per forward "
+        "pass, so a query's onnx-int8 vector depends on the queries it is encoded with: its top-5 set differed "
+        "between calls of 30 and 64 for 46% of dev questions (docs/results/engines/session48).",
     )
 
     query_model: str | None = Field(
@@ -296,6 +299,23 @@ def _onnx_query_model(path: str, cfg: EncoderConfig) -> Any:
     return model
 
 
+def _int8_query_model(model: Any, cfg: EncoderConfig) -> Any:
+    """The int8 pass (retrieval.int8_bert) of the fp32 sentence-transformers ``model``, smoothed with statistics of
+    the shipped training questions; ConfigError with the fix when the model or this environment cannot run it."""
+    from retrieval.int8_bert import calibrate, calibration_questions, int8_bert, int8_supported
+
+    if not int8_supported():
+        raise ConfigError("encoder.query_backend='torch-int8' needs numba and torch._int_mm on this CPU (pip install "
+                          "numba, see pyproject.toml); or use query_backend='torch'")
+    from retrieval.unpadded_bert import bert_parts
+
+    if bert_parts(model) is None:
+        raise ConfigError(f"encoder.query_backend='torch-int8' runs BERT sentence encoders (MiniLM, e5, bge) with "
+                          f"mean or CLS pooling; {cfg.query_model or cfg.model!r} is not one: use "
+                          "query_backend='torch' or 'onnx-int8'")
+    return int8_bert(model, calibrate(model, calibration_questions()))
+
+
 def check_query_model(path: str, teacher: EncoderConfig) -> dict[str, Any]:
     """The manifest of a distilled query encoder (``EncoderConfig.query_model``), checked against the encoder it
     stands in for.
@@ -345,6 +365,9 @@ class SentenceTransformerEncoder:
         self.query_prefix = qp if cfg.query_prefix is None else cfg.query_prefix
         self.passage_prefix = pp if cfg.passage_prefix is None else cfg.passage_prefix
         device = _pick_device(cfg.device)
+        if cfg.query_backend != "torch" and device != "cpu":
+            raise ConfigError(f"encoder.query_backend={cfg.query_backend!r} runs on the CPU, but the encoder's device "
+                              f"is {device!r}; use query_backend='torch' on {device}")
         try:
             self._model = SentenceTransformer(path, device=device, trust_remote_code=False,
                                               model_kwargs={"dtype": _pick_dtype(cfg.dtype, device)})
@@ -358,17 +381,19 @@ class SentenceTransformerEncoder:
         self.fingerprint = config_fingerprint(cfg)
         self.query_batch_size = query_batch(cfg, device)
         self.group_queries = device == "cpu" and cfg.query_batch_size is None
-        if cfg.query_backend != "torch" and device != "cpu":
-            raise ConfigError(f"encoder.query_backend={cfg.query_backend!r} runs on the CPU, but the encoder's device "
-                              f"is {device!r}; use query_backend='torch' on {device}")
         query_path = path
         if cfg.query_model is not None:
             from infra.paths import resolve_path
 
             check_query_model(cfg.query_model, cfg)
             query_path = resolve_path(cfg.query_model)
-        if cfg.query_backend != "torch":
+        if cfg.query_backend in ("onnx", "onnx-int8"):
             self._query_model = _onnx_query_model(query_path, cfg)
+        elif cfg.query_backend == "torch-int8":  # calibrated and quantized from the fp32 weights
+            self._query_model = SentenceTransformer(query_path, device="cpu", trust_remote_code=False,
+                                                    model_kwargs={"dtype": _pick_dtype("float32", "cpu")})
+            if cfg.max_length is not None:
+                self._query_model.max_seq_length = cfg.max_length
         elif cfg.query_model is not None:
             self._query_model = SentenceTransformer(query_path, device=device, trust_remote_code=False,
                                                     model_kwargs={"dtype": _pick_dtype(cfg.dtype, device)})
@@ -385,6 +410,8 @@ class SentenceTransformerEncoder:
             from retrieval.unpadded_bert import unpadded_bert
 
             self._unpadded_query_model = unpadded_bert(self._query_model)
+        elif cfg.query_backend == "torch-int8":
+            self._unpadded_query_model = _int8_query_model(self._query_model, cfg)
         self.unpad_queries = self._unpadded_query_model is not None
         query_dim = int(self._query_model.get_sentence_embedding_dimension() or self.dim)
         if query_dim != self.dim:
@@ -400,7 +427,7 @@ class SentenceTransformerEncoder:
         prefix = self.query_prefix if kind == "query" else self.passage_prefix
         inputs = [prefix + t for t in texts] if prefix else list(texts)
         model = self._query_model if kind == "query" else self._model
-        if kind == "query" and self.group_queries and (len(inputs) > 1 or self.unpad_queries):
+        if kind == "query" and (self.unpad_queries or (self.group_queries and len(inputs) > 1)):
             grouped = self._encode_grouped(model, inputs)
             if grouped is not None:
                 return grouped

@@ -200,8 +200,8 @@ def build_index(cfg: IndexBuildConfig, out_dir: str | os.PathLike[str] | None = 
 def load_searcher(index_dir: str | Path, query_backend: str | None = None,
                   query_model: str | None = None) -> Searcher:
     """Open a finished index directory (any backend) as a Searcher; ``query_backend`` (a dense encoder's
-    ``EncoderConfig.query_backend``: torch, onnx, onnx-int8) and ``query_model`` (``EncoderConfig.query_model``, a
-    distilled query encoder) replace the ones the index was built with.
+    ``EncoderConfig.query_backend``: torch, torch-int8, onnx, onnx-int8) and ``query_model``
+    (``EncoderConfig.query_model``, a distilled query encoder) replace the ones the index was built with.
 
     Raises:
         ArtifactError: when the directory has no manifest (missing or unfinished build).

@@ -57,8 +57,8 @@ def evaluate(
     eval_files: list[str] = typer.Option(["data/eval/hotpotqa_mini.jsonl"], "--eval", "-e",
                                          help="Eval jsonl (repeatable)."),
     k: list[int] = typer.Option([1, 5, 10], "--ks", "-k", help="Cut-offs (repeatable; config key evaluation.ks)."),
-    query_backend: str | None = typer.Option(None, help="What encodes a dense index's queries: torch, onnx or "
-                                                      "onnx-int8; default: the index's setting."),
+    query_backend: str | None = typer.Option(None, help="What encodes a dense index's queries: torch, torch-int8, "
+                                                      "onnx or onnx-int8; default: the index's setting."),
     query_model: Path | None = typer.Option(None, help="A query encoder distilled for this dense index "
                                                        "(`searchloop index distill-queries`)."),
 ) -> None:

@@ -42,9 +42,10 @@ def serve_retriever(
     batching: bool = typer.Option(True, "--batching/--no-batching",
                                   help="Micro-batch concurrent requests; --no-batching: one search per request in a "
                                        "thread pool (the seeds' baseline)."),
-    query_backend: str | None = typer.Option(None, help="What encodes a dense index's queries: torch, onnx or "
-                                                      "onnx-int8 (ONNX Runtime, int8 weights); default: the index's "
-                                                      "setting (EncoderConfig.query_backend)."),
+    query_backend: str | None = typer.Option(None, help="What encodes a dense index's queries: torch, torch-int8 "
+                                                      "(int8 products, retrieval.int8_bert), onnx or onnx-int8 (ONNX "
+                                                      "Runtime, int8 weights); default: the index's setting "
+                                                      "(EncoderConfig.query_backend)."),
     query_model: Path | None = typer.Option(None, help="A query encoder distilled for this dense index "
                                                        "(`searchloop index distill-queries`): queries are encoded "
                                                        "by it, under --query-backend (EncoderConfig.query_model)."),

@@ -56,7 +56,7 @@ def test_cli_refuses_an_unknown_query_backend() -> None:
     result = CliRunner().invoke(app, ["serve", "retriever", "--corpus", "data/corpus/mini.jsonl",
                                       "--query-backend", "tensorrt"], env={"COLUMNS": "200"})
     assert result.exit_code != 0
-    assert "torch, onnx, onnx-int8" in result.output
+    assert "torch, torch-int8, onnx, onnx-int8" in result.output
     bm25 = CliRunner().invoke(app, ["serve", "retriever", "--corpus", "data/corpus/mini.jsonl",
                                     "--query-backend", "onnx-int8"], env={"COLUMNS": "200"})
     assert bm25.exit_code != 0 and "BM25 over --corpus has no query encoder" in bm25.output
