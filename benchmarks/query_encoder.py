@@ -1,9 +1,10 @@
-"""Query encoders for a dense index, from ONE run: torch (the baseline) vs ONNX Runtime fp32 vs ONNX Runtime int8.
+"""Query encoders for a dense index, from ONE run: torch (the baseline) vs its int8 pass vs ONNX Runtime fp32 / int8.
 
 Issue 26 item 7: a served dense search is mostly the query encoder (MiniLM, ~5 CPU ms per query in bf16 on a
-2-core AVX512 CPU), so the retriever server's throughput is bounded by it. ``EncoderConfig.query_backend`` lets a
-second copy of the model encode queries under ONNX Runtime; the int8 copy changes the query vectors (the passages in
-the index keep the torch model's), so speed is reported together with what it costs in retrieval:
+2-core AVX512 CPU), so the retriever server's throughput is bounded by it. ``EncoderConfig.query_backend`` lets the
+model's int8 pass (``torch-int8``, retrieval.int8_bert) or a second copy under ONNX Runtime encode queries; int8
+changes the query vectors (the passages in the index keep the torch model's), so speed is reported together with what
+it costs in retrieval:
 
 - CPU ms per query of ``encoder.encode(queries, "query")`` in calls of ``--call`` queries (the batch 64 concurrent
   clients can form), and of whole searches, at ``--threads`` intra-op threads; ratio torch / backend;
@@ -17,6 +18,7 @@ passages). ``--query-model <dir>`` adds, for every backend, a row for a query en
 
     PYTHONPATH=. python benchmarks/query_encoder.py --threads 1
     PYTHONPATH=. python benchmarks/query_encoder.py --threads 1 --backends torch,onnx-int8 --query-model <dir>
+    PYTHONPATH=. python benchmarks/query_encoder.py --threads 1 --backends torch,torch-int8,onnx-int8  # session 50
 """
 
 from __future__ import annotations
