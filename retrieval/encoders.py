@@ -302,18 +302,18 @@ def _onnx_query_model(path: str, cfg: EncoderConfig) -> Any:
 def _int8_query_model(model: Any, cfg: EncoderConfig) -> Any:
     """The int8 pass (retrieval.int8_bert) of the fp32 sentence-transformers ``model``, smoothed with statistics of
     the shipped training questions; ConfigError with the fix when the model or this environment cannot run it."""
-    from retrieval.int8_bert import calibrate, calibration_questions, int8_bert, int8_supported
+    from retrieval.int8_bert import Int8Bert, calibrate, calibration_questions, int8_supported
+    from retrieval.unpadded_bert import bert_parts
 
     if not int8_supported():
         raise ConfigError("encoder.query_backend='torch-int8' needs numba and torch._int_mm on this CPU (pip install "
                           "numba, see pyproject.toml); or use query_backend='torch'")
-    from retrieval.unpadded_bert import bert_parts
-
-    if bert_parts(model) is None:
+    parts = bert_parts(model)
+    if parts is None:
         raise ConfigError(f"encoder.query_backend='torch-int8' runs BERT sentence encoders (MiniLM, e5, bge) with "
                           f"mean or CLS pooling; {cfg.query_model or cfg.model!r} is not one: use "
                           "query_backend='torch' or 'onnx-int8'")
-    return int8_bert(model, calibrate(model, calibration_questions()))
+    return Int8Bert(*parts, calibration=calibrate(model, calibration_questions()))
 
 
 def check_query_model(path: str, teacher: EncoderConfig) -> dict[str, Any]:

@@ -87,20 +87,6 @@ def calibrate(model: Any, texts: Iterable[str], batch_size: int = 64) -> dict[st
     return seen
 
 
-def int8_bert(model: Any, calibration: dict[str, Any], alpha: float = DEFAULT_ALPHA) -> Int8Bert | None:
-    """An :class:`Int8Bert` of the sentence-transformers ``model`` (:func:`retrieval.unpadded_bert.bert_parts`,
-    fp32 weights) smoothed with ``calibration`` (:func:`calibrate`), or None when the model is anything else or this
-    environment cannot run it (:func:`int8_supported`)."""
-    import torch
-
-    parts = bert_parts(model)
-    if parts is None or parts[0].embeddings.word_embeddings.weight.dtype != torch.float32:
-        return None
-    if not int8_supported():
-        return None
-    return Int8Bert(*parts, calibration=calibration, alpha=alpha)
-
-
 class _Product:
     """One linear layer as int8: weight [in, out] int8 (a transposed view), per-output scale and bias (fp32), and
     the per-input smoothing its input must be multiplied by before quantization."""

@@ -63,6 +63,15 @@ def gelu(x: np.ndarray, out: np.ndarray) -> None:
 
 
 @njit(**_OPTS)
+def _row_scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A float32 row of ``n`` and its int32 view, and a 1-element int32 box with its float32 view: what
+    :func:`_quantize_row` works in."""
+    g = np.empty(n, np.float32)
+    box = np.empty(1, np.int32)
+    return g, g.view(np.int32), box, box.view(np.float32)
+
+
+@njit(**_OPTS)
 def _quantize_row(g: np.ndarray, gi: np.ndarray, box: np.ndarray, boxf: np.ndarray, q: np.ndarray,
                   s: np.ndarray, t: int) -> None:
     """q[t] = round(g * 127 / max|g|), s[t] = max|g| / 127 (g: one row, gi its int32 view; box/boxf: 1-element
@@ -82,10 +91,7 @@ def _quantize_row(g: np.ndarray, gi: np.ndarray, box: np.ndarray, boxf: np.ndarr
 def quantize_rows(x: np.ndarray, smooth: np.ndarray, q: np.ndarray, s: np.ndarray) -> None:
     """Per-row symmetric int8 of ``x * smooth`` (``smooth``: per-column factors): q int8, s the row scales."""
     n = x.shape[1]
-    g = np.empty(n, np.float32)
-    gi = g.view(np.int32)
-    box = np.empty(1, np.int32)
-    boxf = box.view(np.float32)
+    g, gi, box, boxf = _row_scratch(n)
     for t in range(x.shape[0]):
         for j in range(n):
             g[j] = x[t, j] * smooth[j]
@@ -106,10 +112,7 @@ def dequantize_gelu_quantize(y: np.ndarray, a: np.ndarray, scale: np.ndarray, bi
                              smooth: np.ndarray, q: np.ndarray, s: np.ndarray) -> None:
     """The FFN's up-projection epilogue: g = GELU(y * a * scale + bias) * smooth, quantized per row into q, s."""
     n = y.shape[1]
-    g = np.empty(n, np.float32)
-    gi = g.view(np.int32)
-    box = np.empty(1, np.int32)
-    boxf = box.view(np.float32)
+    g, gi, box, boxf = _row_scratch(n)
     for t in range(y.shape[0]):
         at = a[t]
         for j in range(n):
@@ -126,10 +129,7 @@ def dequantize_add_norm_quantize(y: np.ndarray, a: np.ndarray, scale: np.ndarray
     """A residual block's epilogue: h = LayerNorm(y * a * scale + bias + residual); when ``quantize``, h * smooth
     quantized per row into q, s (the next product's input)."""
     n = y.shape[1]
-    g = np.empty(n, np.float32)
-    gi = g.view(np.int32)
-    box = np.empty(1, np.int32)
-    boxf = box.view(np.float32)
+    g, gi, box, boxf = _row_scratch(n)
     inv_n = np.float32(1.0) / np.float32(n)
     for t in range(y.shape[0]):
         at = a[t]

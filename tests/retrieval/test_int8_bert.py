@@ -108,7 +108,8 @@ def test_int8_queries_close_to_fp32_and_independent_of_the_call(encoders, monkey
     alone = np.concatenate([int8.encode([t], "query") for t in TEXTS])
     assert np.array_equal(alone, got)
     assert np.array_equal(int8.encode(TEXTS[::-1] * 5, "query")[:len(TEXTS)][::-1], got)
-    # passages keep the full model
+    # passages keep the full (bf16) model: the int8 pass is never called for them
+    monkeypatch.setattr(int8._unpadded_query_model, "encode", lambda ids: pytest.fail("int8 pass ran for passages"))
     assert np.allclose(int8.encode(TEXTS[:2], "passage"), fp32.encode(TEXTS[:2], "passage"), atol=2e-2)
 
 
